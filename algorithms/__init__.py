@@ -1,0 +1,1 @@
+"""Offline RL learners: BC, CQL and BCQ (see the algorithms issue)."""

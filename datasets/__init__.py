@@ -1,0 +1,1 @@
+"""offaug's data layer: the transition contract, readers, shards and the sampler."""

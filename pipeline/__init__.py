@@ -1,0 +1,1 @@
+"""Pipeline stages and the Dask graph that runs them (see the pipeline issue)."""
