@@ -1,1 +1,43 @@
-"""offaug's data layer: the transition contract, readers, shards and the sampler."""
+"""offaug's data layer: the transition contract, readers, shards and the sampler.
+
+The names most users need::
+
+    from offaug.datasets import load_transitions, Transitions, write_shard_set, MixtureSampler
+"""
+
+from offaug.datasets.errors import ChecksumError, DataError, DatasetNotFoundError
+from offaug.datasets.generate import make_dataset
+from offaug.datasets.sampler import Batch, MixtureSampler, TorchBatch
+from offaug.datasets.shards import ShardRef, ShardSet, read_shard, write_shard, write_shard_set
+from offaug.datasets.sources import load_transitions, resolve_source
+from offaug.datasets.transitions import (
+    ALL_FIELDS,
+    OPTIONAL_FIELDS,
+    REQUIRED_FIELDS,
+    Source,
+    Transitions,
+    concatenate,
+)
+
+__all__ = [
+    "ALL_FIELDS",
+    "OPTIONAL_FIELDS",
+    "REQUIRED_FIELDS",
+    "Batch",
+    "ChecksumError",
+    "DataError",
+    "DatasetNotFoundError",
+    "MixtureSampler",
+    "ShardRef",
+    "ShardSet",
+    "Source",
+    "TorchBatch",
+    "Transitions",
+    "concatenate",
+    "load_transitions",
+    "make_dataset",
+    "read_shard",
+    "resolve_source",
+    "write_shard",
+    "write_shard_set",
+]

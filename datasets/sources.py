@@ -149,14 +149,19 @@ def cache_key(resolved: ResolvedSource, options: dict[str, Any]) -> str:
 
 
 def _read(resolved: ResolvedSource, options: dict[str, Any]) -> Transitions:
+    # Finiteness is checked by the caller, on cached and fresh data alike.
     if resolved.kind == "minari":
         return read_minari_dir(
-            resolved.path, workers=options["workers"], info_keys=options["info_keys"]
+            resolved.path,
+            workers=options["workers"],
+            info_keys=options["info_keys"],
+            check_finite=False,
         )
     return read_d4rl_hdf5(
         resolved.path,
         max_episode_steps=options["max_episode_steps"],
         info_keys=options["info_keys"],
+        check_finite=False,
     )
 
 
@@ -169,6 +174,7 @@ def load_transitions(
     max_episode_steps: int = DEFAULT_MAX_EPISODE_STEPS,
     workers: int | None = None,
     verify: bool = True,
+    check_finite: bool = True,
 ) -> Transitions:
     """Load a dataset as :class:`Transitions` (see the module docstring for sources and caching).
 
@@ -180,11 +186,27 @@ def load_transitions(
         max_episode_steps: D4RL v0 files only: the time limit that splits episodes.
         workers: Processes for reading Minari HDF5 (default one per core).
         verify: Check shard checksums when reading the cache or a shard set.
+        check_finite: Refuse NaN/inf observations, actions and rewards (``inspect`` counts
+            them instead).
 
     Returns:
         The transitions; from the cache or a shard set they are read-only memory maps.
     """
     resolved = resolve_source(source, download=download)
+    transitions = _load(resolved, cache, info_keys, max_episode_steps, workers, verify)
+    if check_finite:
+        transitions.check_finite(origin=str(resolved.path))
+    return transitions
+
+
+def _load(
+    resolved: ResolvedSource,
+    cache: bool,
+    info_keys: Sequence[str],
+    max_episode_steps: int,
+    workers: int | None,
+    verify: bool,
+) -> Transitions:
     if resolved.kind == "shards":
         return ShardSet.open(resolved.path).load(verify=verify)
     options: dict[str, Any] = {"info_keys": list(info_keys)}

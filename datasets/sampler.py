@@ -1,0 +1,193 @@
+"""Uniform minibatches from one or many transition sets, with a mixing ratio and weights.
+
+The sampler reads straight from memory-mapped shards: each batch is one fancy-index gather per
+column, so only the sampled rows are touched and nothing is loaded up front. numpy becomes
+torch in exactly one place, :meth:`TorchBatch.from_batch`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from offaug.datasets.errors import DataError
+from offaug.datasets.shards import ShardSet
+from offaug.datasets.transitions import Transitions
+
+if TYPE_CHECKING:
+    import torch
+
+_BATCH_COLUMNS = (
+    "observations",
+    "actions",
+    "rewards",
+    "next_observations",
+    "terminals",
+    "timeouts",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """A minibatch of ``B`` transitions as numpy arrays (dtypes as in :class:`Transitions`)."""
+
+    observations: npt.NDArray[Any]  # (B, *obs)
+    actions: npt.NDArray[Any]  # (B, *act)
+    rewards: npt.NDArray[np.float32]  # (B,)
+    next_observations: npt.NDArray[Any]  # (B, *obs)
+    terminals: npt.NDArray[np.bool_]  # (B,)
+    timeouts: npt.NDArray[np.bool_]  # (B,)
+    weights: npt.NDArray[np.float32]  # (B,) per-sample loss weights (1 when unweighted)
+    set_index: npt.NDArray[np.int8]  # (B,) which of the sampler's sets each row came from
+
+    def __len__(self) -> int:
+        return int(self.rewards.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchBatch:
+    """A :class:`Batch` as torch tensors on one device: the only numpy-to-torch conversion."""
+
+    observations: torch.Tensor  # (B, *obs) float32 (int64 for Discrete)
+    actions: torch.Tensor  # (B, *act) float32 (int64 for Discrete)
+    rewards: torch.Tensor  # (B,) float32
+    next_observations: torch.Tensor  # (B, *obs)
+    terminals: torch.Tensor  # (B,) float32: 1.0 where the MDP terminated
+    timeouts: torch.Tensor  # (B,) float32
+    weights: torch.Tensor  # (B,) float32
+
+    @classmethod
+    def from_batch(cls, batch: Batch, device: str | torch.device = "cpu") -> TorchBatch:
+        """Convert a numpy batch; flags become float so they can enter a loss directly."""
+        import torch
+
+        def tensor(array: npt.NDArray[Any]) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+        return cls(
+            observations=tensor(batch.observations),
+            actions=tensor(batch.actions),
+            rewards=tensor(batch.rewards),
+            next_observations=tensor(batch.next_observations),
+            terminals=tensor(batch.terminals.astype(np.float32)),
+            timeouts=tensor(batch.timeouts.astype(np.float32)),
+            weights=tensor(batch.weights),
+        )
+
+
+class _Pool:
+    """The rows of one transition set, possibly spread over several shards."""
+
+    def __init__(self, parts: Sequence[Transitions], use_weights: bool) -> None:
+        self.parts = [p for p in parts if len(p)]
+        if not self.parts:
+            raise DataError("a transition set to sample from is empty")
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
+        self.rows = int(self.offsets[-1])
+        has_weights = [p.importance_weight is not None for p in self.parts]
+        if use_weights and not all(has_weights) and any(has_weights):
+            raise DataError(
+                "some shards of a set have importance weights and some do not",
+                field="importance_weight",
+            )
+        self.weighted = use_weights and all(has_weights)
+
+    def gather(self, index: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]]:
+        if len(self.parts) == 1:
+            return self._gather_part(self.parts[0], index)
+        which = np.searchsorted(self.offsets, index, side="right") - 1
+        pieces = [
+            self._gather_part(part, index[which == i] - self.offsets[i])
+            for i, part in enumerate(self.parts)
+            if np.any(which == i)
+        ]
+        return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+
+    def _gather_part(self, part: Transitions, index: npt.NDArray[np.int64]) -> dict[str, Any]:
+        out = {name: np.take(getattr(part, name), index, axis=0) for name in _BATCH_COLUMNS}
+        if self.weighted:
+            assert part.importance_weight is not None
+            out["weights"] = np.take(part.importance_weight, index)
+        else:
+            out["weights"] = np.ones(len(index), dtype=np.float32)
+        return out
+
+
+def _as_parts(source: Transitions | ShardSet, verify: bool) -> list[Transitions]:
+    if isinstance(source, ShardSet):
+        return list(source.iter_shards(verify=verify))
+    return [source]
+
+
+class MixtureSampler:
+    """Draw uniform minibatches from several transition sets mixed in fixed proportions.
+
+    With sets ``[original, augmented]`` and ``mixing=[0.5, 0.5]`` every batch holds half rows
+    from each set (largest-remainder rounding), uniformly with replacement inside a set.
+    ``use_weights`` reads each set's ``importance_weight`` column into ``Batch.weights``
+    (sets without the column get weight 1).
+    """
+
+    def __init__(
+        self,
+        sets: Sequence[Transitions | ShardSet],
+        batch_size: int,
+        *,
+        mixing: Sequence[float] | None = None,
+        use_weights: bool = False,
+        seed: int = 0,
+        verify: bool = True,
+    ) -> None:
+        if batch_size <= 0:
+            raise DataError("must be positive", field=f"batch_size={batch_size}")
+        if not sets:
+            raise DataError("no transition sets to sample from")
+        self.pools = [_Pool(_as_parts(s, verify), use_weights) for s in sets]
+        shapes = {tuple(p.parts[0].observations.shape[1:]) for p in self.pools}
+        if len(shapes) != 1:
+            raise DataError(f"sets have different observation shapes {sorted(shapes)}")
+        if mixing is None:
+            mixing = [p.rows for p in self.pools]  # proportional to size: plain uniform
+        ratios = np.asarray(mixing, dtype=np.float64)
+        if ratios.shape != (len(self.pools),) or np.any(ratios < 0) or ratios.sum() <= 0:
+            raise DataError(
+                f"needs one non-negative number per set ({len(self.pools)}), not all zero",
+                field=f"mixing={list(mixing)}",
+            )
+        self.batch_size = batch_size
+        self.counts = _apportion(ratios / ratios.sum(), batch_size)
+        self._rng = np.random.default_rng(seed)
+
+    def sample(self) -> Batch:
+        """One minibatch of ``batch_size`` rows."""
+        pieces = []
+        for set_id, (pool, count) in enumerate(zip(self.pools, self.counts, strict=True)):
+            if count == 0:
+                continue
+            # Sorted indices walk each memory map forward, which pages in far less often.
+            index = np.sort(self._rng.integers(0, pool.rows, size=count))
+            data = pool.gather(index)
+            data["set_index"] = np.full(count, set_id, dtype=np.int8)
+            pieces.append(data)
+        if len(pieces) == 1:
+            return Batch(**pieces[0])
+        return Batch(**{k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]})
+
+    def sample_torch(self, device: str | torch.device = "cpu") -> TorchBatch:
+        """One minibatch converted with :meth:`TorchBatch.from_batch`."""
+        return TorchBatch.from_batch(self.sample(), device)
+
+
+def _apportion(fractions: npt.NDArray[np.float64], total: int) -> list[int]:
+    """Split ``total`` into integer counts proportional to ``fractions`` (largest remainder)."""
+    exact = fractions * total
+    counts = np.floor(exact).astype(np.int64)
+    remainder = total - int(counts.sum())
+    if remainder:
+        order = np.argsort(-(exact - counts), kind="stable")
+        counts[order[:remainder]] += 1
+    return [int(c) for c in counts]

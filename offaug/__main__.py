@@ -1,0 +1,3 @@
+from offaug.cli import main
+
+main()

@@ -1,0 +1,217 @@
+"""The ``offaug`` command line (Typer + rich).
+
+Every command turns offaug's documented errors into one red line naming the file and field,
+and a non-zero exit; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="offaug",
+    help="Offline RL data augmentation: load, shard, inspect and generate datasets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+cache_app = typer.Typer(help="The cache of converted datasets (OFFAUG_CACHE_DIR).")
+app.add_typer(cache_app, name="cache")
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+
+class StorageFormat(str, Enum):
+    """Minari storage formats offaug writes."""
+
+    hdf5 = "hdf5"
+    arrow = "arrow"
+
+
+def _run(action: Callable[[], T]) -> T:
+    from offaug.datasets.errors import DataError
+
+    try:
+        return action()
+    except (DataError, FileExistsError, FileNotFoundError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2) from exc
+
+
+@app.command("make-dataset")
+def make_dataset_command(
+    env_id: Annotated[str, typer.Argument(help="Gymnasium env id, e.g. Hopper-v5.")],
+    dataset_id: Annotated[
+        str, typer.Option("--dataset-id", help="Minari id to write: [namespace/]name-vK.")
+    ],
+    policy: Annotated[str, typer.Option(help="'random' (checkpoints come with the algorithms).")] = "random",
+    steps: Annotated[int | None, typer.Option(help="Collect at least this many steps.")] = None,
+    episodes: Annotated[int | None, typer.Option(help="Or exactly this many episodes.")] = None,
+    data_format: Annotated[
+        StorageFormat, typer.Option("--format", help="Minari storage format.")
+    ] = StorageFormat.hdf5,
+    seed: Annotated[int, typer.Option(help="Seed of resets and actions.")] = 0,
+    max_episode_steps: Annotated[
+        int | None, typer.Option(help="Override the env's time limit.")
+    ] = None,
+    root: Annotated[
+        Path | None, typer.Option(help="Datasets root (default MINARI_DATASETS_PATH).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing dataset.")] = False,
+) -> None:
+    """Generate a real Minari dataset by running a policy in a Gymnasium environment."""
+    from offaug.datasets.generate import make_dataset
+
+    if (steps is None) == (episodes is None):
+        err_console.print("[bold red]error:[/] give exactly one of --steps and --episodes")
+        raise typer.Exit(code=2)
+    with console.status(f"collecting {env_id} with the {policy} policy"):
+        result = _run(
+            lambda: make_dataset(
+                env_id,
+                dataset_id,
+                policy=policy,
+                steps=steps,
+                episodes=episodes,
+                data_format=data_format.value,
+                seed=seed,
+                max_episode_steps=max_episode_steps,
+                root=root,
+                overwrite=overwrite,
+            )
+        )
+    console.print(
+        f"wrote [bold]{result.dataset_id}[/]: {result.episodes} episodes, {result.steps} steps, "
+        f"{result.data_format} storage, at {result.path}"
+    )
+
+
+def _format_stats(stats: dict[str, float]) -> str:
+    return f"{stats['mean']:.3g} ± {stats['std']:.3g} [{stats['min']:.3g}, {stats['max']:.3g}]"
+
+
+@app.command()
+def inspect(
+    source: Annotated[str, typer.Argument(help="Minari id or directory, D4RL .hdf5, or shard set.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    download: Annotated[bool, typer.Option(help="Download a missing Minari dataset.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Bypass the shard cache.")] = False,
+) -> None:
+    """Episodes, steps, spaces, returns, terminal/timeout and NaN counts of a dataset."""
+    from offaug.datasets.inspect import summarize
+    from offaug.datasets.sources import load_transitions
+
+    transitions = _run(
+        lambda: load_transitions(
+            source, download=download, cache=not no_cache, check_finite=False
+        )
+    )
+    summary = summarize(transitions)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        return
+    table = Table(title=f"{source}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rows: list[tuple[str, Any]] = [
+        ("format", summary["format"]),
+        ("episodes", summary["episodes"]),
+        ("steps", summary["steps"]),
+        ("observation", f"{summary['observation_shape']} {summary['observation_dtype']}"),
+        ("action", f"{summary['action_shape']} {summary['action_dtype']}"),
+        ("observation space", summary["observation_space"]),
+        ("action space", summary["action_space"]),
+        ("episode length", _format_stats(summary["episode_length"])),
+        ("episode return", _format_stats(summary["episode_return"])),
+        ("terminals / timeouts", f"{summary['terminals']} / {summary['timeouts']}"),
+        ("NaN/inf", ", ".join(f"{k}={v}" for k, v in summary["nan_or_inf"].items())),
+        ("reference scores", f"{summary['ref_min_score']} .. {summary['ref_max_score']}"),
+    ]
+    if summary["observation_keys"]:
+        rows.insert(6, ("observation keys", ", ".join(summary["observation_keys"])))
+    for name, value in rows:
+        table.add_row(name, "" if value is None else str(value))
+    console.print(table)
+
+
+@app.command()
+def shard(
+    source: Annotated[str, typer.Argument(help="Minari id or directory, or D4RL .hdf5 file.")],
+    out: Annotated[Path, typer.Option(help="Shard-set directory to write.")],
+    rows_per_shard: Annotated[
+        int | None, typer.Option(help="Aim for shards of this many rows (cut at episodes).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing shard set.")] = False,
+    download: Annotated[bool, typer.Option(help="Download a missing Minari dataset.")] = False,
+) -> None:
+    """Convert a dataset to an offaug shard set (Arrow IPC + manifest with checksums)."""
+    from offaug.datasets.shards import write_shard_set
+    from offaug.datasets.sources import load_transitions
+
+    transitions = _run(lambda: load_transitions(source, download=download))
+    shard_set = _run(
+        lambda: write_shard_set(
+            transitions,
+            out,
+            rows_per_shard=rows_per_shard,
+            source={"name": source},
+            params={"rows_per_shard": rows_per_shard},
+            overwrite=overwrite,
+        )
+    )
+    console.print(
+        f"wrote {len(shard_set.shards)} shard(s), {shard_set.rows} rows, "
+        f"{shard_set.episodes} episodes to {shard_set.directory}"
+    )
+
+
+@app.command()
+def verify(
+    directory: Annotated[Path, typer.Argument(help="A shard-set directory.")],
+) -> None:
+    """Check every shard of a shard set against its manifest; list the bad ones."""
+    from offaug.datasets.shards import ShardSet
+
+    shard_set = _run(lambda: ShardSet.open(directory))
+    bad = shard_set.verify()
+    for ref, problem in bad:
+        err_console.print(f"[bold red]bad shard[/] {ref.path}: {problem}", highlight=False)
+    if bad:
+        raise typer.Exit(code=1)
+    console.print(f"{len(shard_set.shards)} shard(s), {shard_set.rows} rows: all checksums match")
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Where the cache is and how much it holds."""
+    from offaug.datasets.paths import cache_root
+
+    root = cache_root()
+    entries = list((root / "transitions").glob("*")) if root.exists() else []
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) if root.exists() else 0
+    console.print(f"{root}: {len(entries)} entries, {size / 2**20:.1f} MiB")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Delete every cached conversion."""
+    from offaug.datasets.paths import cache_root
+
+    target = cache_root() / "transitions"
+    shutil.rmtree(target, ignore_errors=True)
+    console.print(f"cleared {target}")
+
+
+def main() -> None:
+    """Entry point for ``python -m offaug``."""
+    app()
