@@ -20,6 +20,11 @@ A D4RL file holds flat arrays, one row per step: ``observations``, ``actions``, 
     episode ends stay visible.
 * ``qlearning_dataset`` always drops the file's last row and never returns timeouts; offaug
   keeps them as the ``timeouts`` column.
+* v0 files: ``qlearning_dataset``'s step counter restarts at 1, not 0, after a terminal (it is
+  reset and incremented in the same iteration), so it cuts the episode after a terminal one
+  step early, and it drops a terminal step that falls exactly on the time limit. offaug counts
+  from each episode's true first step and keeps terminal steps. Without terminals both agree
+  row for row (tested).
 * ``infos/*`` arrays with one row per step become ``extras`` (``infos/qpos``, ...) when asked for.
 """
 
@@ -69,7 +74,8 @@ def _episode_ends_v0(
     segment_starts = np.concatenate(([0], np.flatnonzero(terminals[:-1]) + 1))
     starts_per_row = segment_starts[np.searchsorted(segment_starts, np.arange(n), side="right") - 1]
     position = np.arange(n) - starts_per_row
-    return (position % max_episode_steps == max_episode_steps - 1) & ~terminals
+    ends: npt.NDArray[np.bool_] = (position % max_episode_steps == max_episode_steps - 1) & ~terminals
+    return ends
 
 
 def read_d4rl_hdf5(

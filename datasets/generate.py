@@ -112,7 +112,7 @@ def collect_episodes(
 
     if (steps is None) == (episodes is None):
         raise ValueError("give exactly one of steps and episodes")
-    buffers = []
+    buffers: list[Any] = []
     total = 0
     env.action_space.seed(seed)
     while (episodes is not None and len(buffers) < episodes) or (
@@ -122,7 +122,7 @@ def collect_episodes(
         observation, _ = env.reset(seed=episode_seed)
         observations, actions, rewards, terminations, truncations = [observation], [], [], [], []
         state = _simulator_state(env)
-        states = [state] if state is not None else None
+        states: list[Any] | None = [state] if state is not None else None
         while True:
             action = policy(observation)
             observation, reward, terminated, truncated, _ = env.step(action)
@@ -233,7 +233,7 @@ def make_dataset(
         (staging_root / dataset_id).rename(target)
     finally:
         shutil.rmtree(staging_root, ignore_errors=True)
-        env.close()
+        env.close()  # type: ignore[no-untyped-call]
     return GeneratedDataset(
         dataset_id=dataset_id,
         path=target,

@@ -27,9 +27,7 @@ def summarize(transitions: Transitions) -> dict[str, Any]:
     lengths = np.diff(bounds)
     rewards = transitions.rewards.astype(np.float64)
     finite_rewards = np.where(np.isfinite(rewards), rewards, 0.0)
-    returns = (
-        np.add.reduceat(finite_rewards, bounds[:-1]) if len(transitions) else np.zeros(0)
-    )
+    returns = np.add.reduceat(finite_rewards, bounds[:-1]) if len(transitions) else np.zeros(0)
 
     def stats(values: np.ndarray) -> dict[str, float]:
         if values.size == 0:
@@ -50,7 +48,7 @@ def summarize(transitions: Transitions) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "format": meta.get("format"),
         "dataset_id": meta.get("dataset_id"),
-        "episodes": int(len(lengths)),
+        "episodes": len(lengths),
         "steps": len(transitions),
         "observation_shape": list(transitions.observation_shape),
         "observation_dtype": str(transitions.observations.dtype),

@@ -314,9 +314,10 @@ def _fixed_list_to_numpy(column: Any, row_shape: tuple[int, ...]) -> npt.NDArray
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_fixed_size_list(column.type):
-        flat = column.flatten().to_numpy(zero_copy_only=False)
+        flat: npt.NDArray[Any] = column.flatten().to_numpy(zero_copy_only=False)
         return flat.reshape((len(column), *row_shape))
-    return column.to_numpy(zero_copy_only=False)
+    values: npt.NDArray[Any] = column.to_numpy(zero_copy_only=False)
+    return values
 
 
 def _episode_file(data_dir: Path, episode_id: int) -> Path:

@@ -9,7 +9,7 @@ from offaug.datasets.errors import DataError
 
 
 def dataset_root(root: str | Path | None = None) -> Path:
-    """The Minari datasets root: ``root``, else ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``.
+    """The Minari datasets root: ``root``, or ``MINARI_DATASETS_PATH``, or ``~/.minari/datasets``.
 
     Read at call time, so a test or a worker can point it elsewhere.
     """

@@ -20,7 +20,9 @@ appears under a final name; every read verifies the checksum first.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import mmap
 import os
 import shutil
 import uuid
@@ -88,11 +90,8 @@ def file_checksum(path: str | Path) -> str:
         size = os.fstat(fh.fileno()).st_size
         if size == 0:
             return xxhash.xxh3_128(b"").hexdigest()
-        view = np.memmap(fh, dtype=np.uint8, mode="r")
-        try:
-            return xxhash.xxh3_128(memoryview(view)).hexdigest()
-        finally:
-            del view
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return str(xxhash.xxh3_128(view).hexdigest())
 
 
 def _tmp_name(path: Path) -> Path:
@@ -443,7 +442,7 @@ def write_shard_set(
             else _split_points(transitions, max(1, rows_per_shard))
         )
         refs = []
-        for index, (start, stop) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+        for index, (start, stop) in enumerate(itertools.pairwise(cuts)):
             ref = write_shard(transitions.slice(start, stop), staging / f"shard-{index:05d}.arrow")
             refs.append(ref)
         shard_set = ShardSet(

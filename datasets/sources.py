@@ -95,15 +95,22 @@ def resolve_source(source: str | os.PathLike[str], *, download: bool = False) ->
 
 
 def _download(dataset_id: str) -> None:
-    try:
-        import minari
+    import minari
 
+    target = resolve_dataset_dir(dataset_id)
+    existed = target.exists()
+    try:
         minari.download_dataset(dataset_id)
-    except (OSError, ValueError, RuntimeError) as exc:
-        # requests' connection errors are OSErrors; Minari raises ValueError for unknown ids.
+    except Exception as exc:
+        if not existed:
+            # Leave nothing half-downloaded under the dataset's final name.
+            shutil.rmtree(target, ignore_errors=True)
+        # Deliberately broad: the failure comes from whichever HTTP stack Minari's remote uses
+        # (httpx, requests, huggingface_hub, google-cloud), whose error types are not part of
+        # Minari's API. The cause is chained and named in the message.
         raise DatasetNotFoundError(
-            f"could not download Minari dataset {dataset_id!r}: {exc}",
-            path=resolve_dataset_dir(dataset_id),
+            f"could not download Minari dataset {dataset_id!r}: {type(exc).__name__}: {exc}",
+            path=target,
             hint="check the id with `minari list remote` and the network; "
             "nothing was written locally",
         ) from exc

@@ -2,25 +2,26 @@
 
 Shapes and dtypes, written down once (``N`` transitions):
 
-========================  ===================  =========================================================
-field                     shape                dtype and meaning
-========================  ===================  =========================================================
-``observations``          ``(N, *obs)``        float32 for Box (and flattened Dict) spaces;
-                                               int64 ``(N,)`` for Discrete spaces
-``actions``               ``(N, *act)``        float32 for Box spaces; int64 ``(N,)`` for Discrete
-``rewards``               ``(N,)``             float32, rank 1 (never ``(N, 1)``)
-``next_observations``     ``(N, *obs)``        as ``observations``; always the *same* episode's next
-                                               observation, never the first of the next episode
-``terminals``             ``(N,)``             bool: the MDP terminated (no bootstrapping)
-``timeouts``              ``(N,)``             bool: the episode was truncated (time limit); *not*
-                                               a terminal, the learner bootstraps through it
-``episode_ids``           ``(N,)``             int64, equal within one episode, ascending by episode
-``rollout_log_prob``      ``(N,)`` or None     float32, log mu(a|s) of the policy that generated a
-                                               (augmented data only)
-``behaviour_log_prob``    ``(N,)`` or None     float32, log beta_hat(a|s) under the BC behaviour model
-``importance_weight``     ``(N,)`` or None     float32, beta_hat / mu, possibly clipped
-``source``                ``(N,)`` or None     int8 :class:`Source` code of where the row came from
-========================  ===================  =========================================================
+====================== ============ ===================================================
+field                  shape        dtype and meaning
+====================== ============ ===================================================
+``observations``       ``(N, *o)``  float32 for Box (and flattened Dict) spaces;
+                                    int64 ``(N,)`` for Discrete spaces
+``actions``            ``(N, *a)``  float32 for Box spaces; int64 ``(N,)`` for Discrete
+``rewards``            ``(N,)``     float32, rank 1 (never ``(N, 1)``)
+``next_observations``  ``(N, *o)``  as ``observations``; always the *same* episode's
+                                    next observation, never the next episode's first
+``terminals``          ``(N,)``     bool: the MDP terminated (no bootstrapping)
+``timeouts``           ``(N,)``     bool: the episode was truncated (time limit); *not*
+                                    a terminal, the learner bootstraps through it
+``episode_ids``        ``(N,)``     int64, equal within an episode, ascending
+``rollout_log_prob``   ``(N,)``     float32 or None: log mu(a|s) of the policy that
+                                    generated the action (augmented data)
+``behaviour_log_prob`` ``(N,)``     float32 or None: log beta_hat(a|s), the BC model
+``importance_weight``  ``(N,)``     float32 or None: beta_hat / mu, possibly clipped
+``source``             ``(N,)``     int8 :class:`Source` code or None: where it came from
+``extras[name]``       ``(N, ...)`` any numeric dtype, e.g. ``infos/qpos`` for branching
+====================== ============ ===================================================
 
 A step can be neither terminal nor timeout only when it is not the last of its episode.
 ``Transitions`` never rewrites what it is given: ``__post_init__`` only checks.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -194,7 +196,7 @@ class Transitions:
     def iter_episodes(self) -> Iterator[Transitions]:
         """Yield each episode as its own ``Transitions`` (views, no copies)."""
         bounds = self.episode_bounds()
-        for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, stop in itertools.pairwise(bounds):
             yield self.slice(int(start), int(stop))
 
     def slice(self, start: int, stop: int) -> Transitions:
@@ -216,7 +218,7 @@ class Transitions:
     def _map_rows(self, rows: Callable[[npt.NDArray[Any]], npt.NDArray[Any]]) -> Transitions:
         columns = {k: rows(v) for k, v in self.columns().items()}
         extras = {k: rows(v) for k, v in self.extras.items()}
-        return Transitions(**columns, extras=extras, meta=self.meta)  # type: ignore[arg-type]
+        return Transitions(**columns, extras=extras, meta=self.meta)
 
     def check_finite(self, *, origin: str | None = None) -> None:
         """Raise :class:`DataError` naming the first field that holds NaN or inf.
@@ -284,4 +286,4 @@ def concatenate(parts: Sequence[Transitions], *, renumber_episodes: bool = True)
             arrays = shifted or arrays
         joined[name] = np.concatenate(arrays)
     extras = {name: np.concatenate([p.extras[name] for p in parts]) for name in extra_names}
-    return Transitions(**joined, extras=extras, meta=dict(parts[0].meta))  # type: ignore[arg-type]
+    return Transitions(**joined, extras=extras, meta=dict(parts[0].meta))

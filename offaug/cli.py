@@ -27,7 +27,7 @@ app = typer.Typer(
 cache_app = typer.Typer(help="The cache of converted datasets (OFFAUG_CACHE_DIR).")
 app.add_typer(cache_app, name="cache")
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 
@@ -54,7 +54,9 @@ def make_dataset_command(
     dataset_id: Annotated[
         str, typer.Option("--dataset-id", help="Minari id to write: [namespace/]name-vK.")
     ],
-    policy: Annotated[str, typer.Option(help="'random' (checkpoints come with the algorithms).")] = "random",
+    policy: Annotated[
+        str, typer.Option(help="'random' (checkpoints come with the algorithms).")
+    ] = "random",
     steps: Annotated[int | None, typer.Option(help="Collect at least this many steps.")] = None,
     episodes: Annotated[int | None, typer.Option(help="Or exactly this many episodes.")] = None,
     data_format: Annotated[
@@ -102,7 +104,9 @@ def _format_stats(stats: dict[str, float]) -> str:
 
 @app.command()
 def inspect(
-    source: Annotated[str, typer.Argument(help="Minari id or directory, D4RL .hdf5, or shard set.")],
+    source: Annotated[
+        str, typer.Argument(help="Minari id or directory, D4RL .hdf5, or shard set.")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     download: Annotated[bool, typer.Option(help="Download a missing Minari dataset.")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Bypass the shard cache.")] = False,
@@ -112,9 +116,7 @@ def inspect(
     from offaug.datasets.sources import load_transitions
 
     transitions = _run(
-        lambda: load_transitions(
-            source, download=download, cache=not no_cache, check_finite=False
-        )
+        lambda: load_transitions(source, download=download, cache=not no_cache, check_finite=False)
     )
     summary = summarize(transitions)
     if as_json:

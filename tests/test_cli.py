@@ -1,0 +1,90 @@
+"""The offaug command line, run as a user runs it (a real subprocess for the entry point)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from offaug.cli import app
+
+runner = CliRunner()
+
+
+def test_make_dataset_inspect_shard_verify(minari_root: Path, tmp_path: Path) -> None:
+    made = runner.invoke(
+        app,
+        [
+            "make-dataset",
+            "CartPole-v1",
+            "--dataset-id",
+            "cli/cartpole-v0",
+            "--episodes",
+            "5",
+            "--format",
+            "arrow",
+            "--max-episode-steps",
+            "20",
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    assert (minari_root / "cli" / "cartpole-v0" / "data" / "metadata.json").is_file()
+
+    inspected = runner.invoke(app, ["inspect", "cli/cartpole-v0", "--json"])
+    assert inspected.exit_code == 0, inspected.output
+    summary = json.loads(inspected.stdout)
+    assert summary["episodes"] == 5
+    assert summary["terminals"] + summary["timeouts"] == 5
+    assert summary["action_dtype"] == "int64"
+
+    out = tmp_path / "shards"
+    sharded = runner.invoke(
+        app, ["shard", "cli/cartpole-v0", "--out", str(out), "--rows-per-shard", "30"]
+    )
+    assert sharded.exit_code == 0, sharded.output
+    assert (out / "manifest.json").is_file()
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+    victim = sorted(out.glob("*.arrow"))[0]
+    raw = bytearray(victim.read_bytes())
+    raw[-20] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    verified = runner.invoke(app, ["verify", str(out)])
+    assert verified.exit_code == 1
+    assert victim.name in verified.output
+
+
+def test_missing_dataset_exits_2_with_a_clear_line(minari_root: Path) -> None:
+    result = runner.invoke(app, ["inspect", "ghost/none-v0"])
+    assert result.exit_code == 2
+    assert "MINARI_DATASETS_PATH" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_make_dataset_refuses_an_existing_id(minari_root: Path) -> None:
+    args = ["make-dataset", "CartPole-v1", "--dataset-id", "cli/twice-v0", "--episodes", "2"]
+    assert runner.invoke(app, args).exit_code == 0
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "--overwrite" in again.output
+    assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
+
+
+@pytest.mark.parametrize("bad_id", ["no-version", "../escape-v0"])
+def test_make_dataset_refuses_bad_ids(minari_root: Path, bad_id: str) -> None:
+    result = runner.invoke(
+        app, ["make-dataset", "CartPole-v1", "--dataset-id", bad_id, "--episodes", "1"]
+    )
+    assert result.exit_code == 2
+    assert not list(minari_root.glob("**/no-version"))
+
+
+def test_console_script_runs(minari_root: Path) -> None:
+    offaug = Path(sys.executable).parent / "offaug"
+    result = subprocess.run([str(offaug), "--help"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0
+    for command in ("make-dataset", "inspect", "shard", "verify"):
+        assert command in result.stdout
