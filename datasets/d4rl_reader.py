@@ -74,7 +74,8 @@ def _episode_ends_v0(
     segment_starts = np.concatenate(([0], np.flatnonzero(terminals[:-1]) + 1))
     starts_per_row = segment_starts[np.searchsorted(segment_starts, np.arange(n), side="right") - 1]
     position = np.arange(n) - starts_per_row
-    ends: npt.NDArray[np.bool_] = (position % max_episode_steps == max_episode_steps - 1) & ~terminals
+    at_limit = position % max_episode_steps == max_episode_steps - 1
+    ends: npt.NDArray[np.bool_] = at_limit & ~terminals
     return ends
 
 
