@@ -177,6 +177,14 @@ class MixtureSampler:
             return Batch(**pieces[0])
         return Batch(**{k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]})
 
+    def rng_state(self) -> dict[str, Any]:
+        """The random generator's state (JSON-ready), for exact resumption."""
+        return dict(self._rng.bit_generator.state)
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`rng_state`."""
+        self._rng.bit_generator.state = state
+
     def sample_torch(self, device: str | torch.device = "cpu") -> TorchBatch:
         """One minibatch converted with :meth:`TorchBatch.from_batch`."""
         return TorchBatch.from_batch(self.sample(), device)

@@ -1,0 +1,281 @@
+"""What every offaug learner shares: the trainer protocol, torch set-up, checkpoints, helpers.
+
+A learner is one file with a frozen config dataclass (one documented field each), small pure
+loss functions, and a trainer class with ``update(batch) -> metrics``, ``state_dict()``,
+``load_state_dict()`` and ``act(observations)``. Metrics are returned as detached tensors so
+that a training step never waits for a host sync; the training loop turns them into numbers
+only when it logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from offaug.datasets.sampler import TorchBatch
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Spaces:
+    """What a learner needs to know about the data it learns from."""
+
+    observation_dim: int
+    """Length of a (flattened) observation."""
+    action_dim: int
+    """Length of a continuous action, or the number of discrete actions."""
+    discrete: bool = False
+    """Whether actions are discrete indices."""
+    action_low: tuple[float, ...] = ()
+    """Lower bounds of a Box action space (continuous only)."""
+    action_high: tuple[float, ...] = ()
+    """Upper bounds of a Box action space (continuous only)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Spaces:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            observation_dim=int(data["observation_dim"]),
+            action_dim=int(data["action_dim"]),
+            discrete=bool(data.get("discrete", False)),
+            action_low=tuple(float(x) for x in data.get("action_low", ())),
+            action_high=tuple(float(x) for x in data.get("action_high", ())),
+        )
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """The interface every learner implements."""
+
+    spaces: Spaces
+
+    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
+        """One gradient step on ``batch``; returns detached scalar metrics."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Networks, optimisers and counters: everything needed to resume."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
+        """Greedy actions for a batch of observations, in the environment's action space."""
+
+
+def configure_torch(threads: int | None = None) -> None:
+    """Set torch up for CPU training: flush denormals and pin the thread count.
+
+    Without flushing, CPU training slows several-fold as small weights and gradients become
+    denormal floats. ``threads`` is set deliberately: in a Dask worker it should be 1.
+    """
+    torch.set_flush_denormal(True)
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, numpy and torch; return a torch generator for the trainer's own draws."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def choose_device(device: str | None = None) -> torch.device:
+    """The device to train on, chosen once: ``device`` if given, else CUDA when present."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """``mean(weights * values)``; with ``None`` or all-ones weights the plain mean."""
+    if weights is None:
+        return values.mean()
+    return (values * weights).mean()
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Polyak averaging ``target <- (1 - tau) * target + tau * source`` in one fused call."""
+    target_params = list(target.parameters())
+    torch._foreach_lerp_(target_params, list(source.parameters()), tau)
+
+
+def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
+    """Adam with the fused kernel (one kernel for all parameters) where the device has it."""
+    params = list(params)
+    fused = all(p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.Adam(params, lr=lr, fused=fused)
+
+
+def config_to_json(config: Any) -> dict[str, Any]:
+    """A frozen config dataclass as a JSON-ready dict (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def config_from_json(config_type: type[Any], data: Mapping[str, Any]) -> Any:
+    """Build ``config_type`` from a dict, refusing unknown keys by name."""
+    fields = {f.name: f for f in dataclasses.fields(config_type)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown {config_type.__name__} fields {unknown}; allowed: {sorted(fields)}"
+        )
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return config_type(**values)
+
+
+def save_checkpoint(
+    path: str | Path,
+    *,
+    algorithm: str,
+    config: Any,
+    spaces: Spaces,
+    state: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint that loads without pickle (``torch.load(weights_only=True)``).
+
+    Written to a temporary name and renamed, so a crash never leaves half a checkpoint.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "algorithm": algorithm,
+        "config": json.dumps(config_to_json(config)),
+        "spaces": json.dumps(spaces.to_json()),
+        "extra": json.dumps(dict(extra or {})),
+        "state": dict(state),
+    }
+    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint."""
+
+    algorithm: str
+    config: dict[str, Any]
+    spaces: Spaces
+    state: dict[str, Any]
+    extra: dict[str, Any]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded safely."""
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load a checkpoint with ``weights_only=True``: a pickled object payload is refused.
+
+    Raises:
+        CheckpointError: the file is not an offaug checkpoint or holds anything but tensors
+            and plain containers.
+    """
+    file = Path(path)
+    try:
+        payload = torch.load(file, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise CheckpointError(f"{file}: cannot load safely ({exc})") from exc
+    except Exception as exc:
+        # weights_only refusals surface as pickle.UnpicklingError (or its subclasses).
+        raise CheckpointError(f"{file}: refused: not a plain weights file ({exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{file}: not an offaug checkpoint (format {CHECKPOINT_FORMAT})")
+    return Checkpoint(
+        algorithm=str(payload["algorithm"]),
+        config=json.loads(payload["config"]),
+        spaces=Spaces.from_json(json.loads(payload["spaces"])),
+        state=payload["state"],
+        extra=json.loads(payload["extra"]),
+    )
+
+
+def to_tensor(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
+    """A numpy array of observations as a float32 tensor on ``device`` (for ``act``)."""
+    return torch.as_tensor(np.asarray(array, dtype=np.float32), device=device)
+
+
+class ActionNormaliser(nn.Module):
+    """Maps Box actions to ``[-1, 1]`` inside the trainer (identity for discrete actions)."""
+
+    def __init__(self, spaces: Spaces) -> None:
+        super().__init__()
+        if spaces.discrete or not spaces.action_low:
+            low = torch.full((max(spaces.action_dim, 1),), -1.0)
+            high = torch.full((max(spaces.action_dim, 1),), 1.0)
+        else:
+            low = torch.tensor(spaces.action_low, dtype=torch.float32)
+            high = torch.tensor(spaces.action_high, dtype=torch.float32)
+        self.register_buffer("scale", 2.0 / (high - low))
+        self.register_buffer("offset", -1.0 - low * 2.0 / (high - low))
+        # log |d normalised / d env|: subtract from a normalised-box log-density.
+        self.log_abs_det = float(torch.log(2.0 / (high - low)).sum())
+
+    def forward(self, actions: torch.Tensor) -> torch.Tensor:
+        return (actions * self.scale + self.offset).clamp(-1.0, 1.0)
+
+    def inverse(self, actions: torch.Tensor) -> torch.Tensor:
+        """Normalised actions back to the environment's bounds."""
+        return (actions - self.offset) / self.scale
+
+
+def spaces_from_transitions(meta: Mapping[str, Any], observation_dim: int, actions: Any) -> Spaces:
+    """Derive :class:`Spaces` from a dataset's ``meta`` (serialised spaces) and its actions."""
+    import gymnasium as gym
+
+    serialised = meta.get("action_space")
+    if isinstance(serialised, str):
+        from minari.serialization import deserialize_space
+
+        space = deserialize_space(serialised)
+        if isinstance(space, gym.spaces.Discrete):
+            return Spaces(observation_dim, int(space.n), discrete=True)
+        if isinstance(space, gym.spaces.Box):
+            low = np.broadcast_to(space.low, space.shape).reshape(-1)
+            high = np.broadcast_to(space.high, space.shape).reshape(-1)
+            finite = np.isfinite(low).all() and np.isfinite(high).all()
+            if finite:
+                return Spaces(
+                    observation_dim,
+                    int(np.prod(space.shape)),
+                    action_low=tuple(float(x) for x in low),
+                    action_high=tuple(float(x) for x in high),
+                )
+    array = np.asarray(actions)
+    if array.dtype.kind in "iu":
+        return Spaces(observation_dim, int(array.max()) + 1, discrete=True)
+    # Without a recorded space, use the data's own range (D4RL locomotion actions are [-1, 1]).
+    low = np.minimum(array.min(axis=0), -1.0)
+    high = np.maximum(array.max(axis=0), 1.0)
+    return Spaces(
+        observation_dim,
+        int(array.shape[1]),
+        action_low=tuple(float(x) for x in low),
+        action_high=tuple(float(x) for x in high),
+    )

@@ -1,0 +1,153 @@
+"""Behaviour cloning: the warm start of the rollout policy and the behaviour model beta_hat.
+
+Pomerleau 1991. Two policies:
+
+* ``gaussian``: a Gaussian with learned, state-dependent std truncated to the action box
+  (:class:`TruncatedGaussianActor`), fitted by maximum likelihood. Its ``log_prob`` is
+  beta_hat(a|s), the denominator-side model behind every importance weight.
+* ``deterministic``: ``a = tanh(MLP(s))`` fitted by mean squared error.
+
+Discrete actions use a categorical policy (cross-entropy) whatever ``policy`` says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.nn import functional as F
+
+from offaug.algorithms.base import (
+    ActionNormaliser,
+    Spaces,
+    adam,
+    choose_device,
+    to_tensor,
+    weighted_mean,
+)
+from offaug.algorithms.networks import MLP, DeterministicActor, TruncatedGaussianActor
+from offaug.datasets.sampler import TorchBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class BCConfig:
+    """Behaviour-cloning hyperparameters."""
+
+    policy: Literal["gaussian", "deterministic"] = "gaussian"
+    """Gaussian (with log-probabilities, the behaviour model) or deterministic (MSE)."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of the policy network."""
+    learning_rate: float = 1e-3
+    """Adam learning rate."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+
+
+def gaussian_nll(log_prob: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Negative log-likelihood of dataset actions."""
+    return weighted_mean(-log_prob, weights)
+
+
+def squared_error(
+    predicted: torch.Tensor, actions: torch.Tensor, weights: torch.Tensor | None
+) -> torch.Tensor:
+    """Sum over action dimensions of the squared error, averaged over the batch."""
+    return weighted_mean((predicted - actions).pow(2).sum(-1), weights)
+
+
+class BC:
+    """Behaviour-cloning trainer."""
+
+    name = "bc"
+
+    def __init__(
+        self, spaces: Spaces, config: BCConfig | None = None, *, device: str | None = None
+    ) -> None:
+        self.spaces = spaces
+        self.config = config or BCConfig()
+        self.device = choose_device(device)
+        self.normaliser = ActionNormaliser(spaces).to(self.device)
+        hidden = self.config.hidden
+        self.policy: torch.nn.Module
+        if spaces.discrete:
+            self.policy = MLP(spaces.observation_dim, hidden, spaces.action_dim)
+        elif self.config.policy == "gaussian":
+            self.policy = TruncatedGaussianActor(spaces.observation_dim, spaces.action_dim, hidden)
+        else:
+            self.policy = DeterministicActor(spaces.observation_dim, spaces.action_dim, hidden)
+        self.policy.to(self.device)
+        self.optimizer = adam(self.policy.parameters(), self.config.learning_rate)
+        self.steps = 0
+
+    def loss(self, batch: TorchBatch) -> torch.Tensor:
+        """The weighted loss of one batch."""
+        observations, weights = batch.observations, batch.weights
+        if self.spaces.discrete:
+            logits = self.policy(observations)
+            return weighted_mean(F.cross_entropy(logits, batch.actions, reduction="none"), weights)
+        actions = self.normaliser(batch.actions)
+        if isinstance(self.policy, TruncatedGaussianActor):
+            return gaussian_nll(self.policy.log_prob(observations, actions), weights)
+        return squared_error(self.policy(observations), actions, weights)
+
+    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
+        """One gradient step."""
+        loss = self.loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return {"loss": loss.detach()}
+
+    @torch.no_grad()
+    def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
+        """Greedy actions in the environment's action space."""
+        obs = to_tensor(observations, self.device)
+        if self.spaces.discrete:
+            return self.policy(obs).argmax(-1).cpu().numpy()
+        if isinstance(self.policy, TruncatedGaussianActor):
+            action = self.policy.deterministic(obs)
+        else:
+            action = self.policy(obs)
+        return self.normaliser.inverse(action).cpu().numpy()
+
+    @torch.no_grad()
+    def log_prob(
+        self, observations: npt.NDArray[np.float32], actions: npt.NDArray[Any]
+    ) -> npt.NDArray[np.float32]:
+        """``log beta_hat(a|s)`` of environment-space actions (a density over the env's box).
+
+        Raises:
+            ValueError: a deterministic policy has no density.
+        """
+        obs = to_tensor(observations, self.device)
+        if self.spaces.discrete:
+            index = torch.as_tensor(np.asarray(actions, dtype=np.int64), device=self.device)
+            log_probs = F.log_softmax(self.policy(obs), -1)
+            return log_probs.gather(-1, index[:, None]).squeeze(-1).cpu().numpy()
+        if not isinstance(self.policy, TruncatedGaussianActor):
+            raise ValueError(
+                "a deterministic BC policy has no log-probability; use policy='gaussian'"
+            )
+        normalised = self.normaliser(to_tensor(actions, self.device))
+        # Change of variables from the normalised box to the environment's box.
+        log_prob = self.policy.log_prob(obs, normalised) + self.normaliser.log_abs_det
+        return log_prob.cpu().numpy()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Policy, optimiser and step count."""
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])

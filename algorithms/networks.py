@@ -1,0 +1,280 @@
+"""Networks shared by every offaug learner.
+
+* :class:`MLP` and :class:`EnsembleMLP` (``E`` independent MLPs evaluated in one batched
+  matrix multiply per layer: ``torch.baddbmm``, no Python loop over members);
+* :class:`CriticEnsemble` (continuous Q(s, a), ``E`` critics at once) and
+  :class:`DiscreteCriticEnsemble` (Q(s, .) for every discrete action);
+* :class:`TanhGaussianActor` (SAC/CQL), :class:`DeterministicActor`,
+  :class:`TruncatedGaussianActor` (the behaviour model beta_hat(a|s): a Gaussian renormalised on
+  the action box, so its log-density is a proper density over the actions the data can hold);
+* :class:`VAE` (BCQ's generative model of dataset actions).
+
+All actors work in the normalised action box ``[-1, 1]^d``; :class:`ActionScaler` maps to and
+from the environment's bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _layer_sizes(inputs: int, hidden: Sequence[int], outputs: int) -> list[tuple[int, int]]:
+    sizes = [inputs, *hidden, outputs]
+    return list(itertools.pairwise(sizes))
+
+
+class MLP(nn.Module):
+    """A ReLU multi-layer perceptron with a linear output layer."""
+
+    def __init__(self, inputs: int, hidden: Sequence[int], outputs: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for i, (n_in, n_out) in enumerate(_layer_sizes(inputs, hidden, outputs)):
+            layers.append(nn.Linear(n_in, n_out))
+            if i < len(hidden):
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)  # type: ignore[no-any-return]
+
+
+class EnsembleLinear(nn.Module):
+    """``E`` linear layers applied at once: ``(E, B, in) -> (E, B, out)``."""
+
+    def __init__(self, members: int, inputs: int, outputs: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(members, inputs, outputs))
+        self.bias = nn.Parameter(torch.empty(members, 1, outputs))
+        # The same initialisation as nn.Linear, member by member.
+        bound = 1.0 / math.sqrt(inputs)
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class EnsembleMLP(nn.Module):
+    """``E`` independent MLPs evaluated together: ``(B, in)`` or ``(E, B, in) -> (E, B, out)``."""
+
+    def __init__(self, members: int, inputs: int, hidden: Sequence[int], outputs: int) -> None:
+        super().__init__()
+        self.members = members
+        self.layers = nn.ModuleList(
+            EnsembleLinear(members, n_in, n_out)
+            for n_in, n_out in _layer_sizes(inputs, hidden, outputs)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.members, -1, -1)  # (B, in) -> (E, B, in)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = F.relu(x)
+        return x
+
+
+class CriticEnsemble(nn.Module):
+    """``E`` continuous critics Q_e(s, a): ``(B, obs), (B, act) -> (E, B)``.
+
+    Inputs may carry a leading ``E`` axis (``(E, B, .)``) when every member scores its own batch.
+    """
+
+    def __init__(
+        self, observation_dim: int, action_dim: int, hidden: Sequence[int], members: int = 2
+    ) -> None:
+        super().__init__()
+        self.members = members
+        self.net = EnsembleMLP(members, observation_dim + action_dim, hidden, 1)
+
+    def forward(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([observations, actions], dim=-1)).squeeze(-1)
+
+
+class DiscreteCriticEnsemble(nn.Module):
+    """``E`` discrete critics: ``(B, obs) -> (E, B, n_actions)``."""
+
+    def __init__(
+        self, observation_dim: int, n_actions: int, hidden: Sequence[int], members: int = 1
+    ) -> None:
+        super().__init__()
+        self.members = members
+        self.net = EnsembleMLP(members, observation_dim, hidden, n_actions)
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        return self.net(observations)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionSample:
+    """Actions drawn from a stochastic policy with their log-density."""
+
+    actions: torch.Tensor  # (B, act) in [-1, 1]
+    log_prob: torch.Tensor  # (B,)
+
+
+class TanhGaussianActor(nn.Module):
+    """A Gaussian squashed by tanh (SAC): samples lie in ``(-1, 1)^d``."""
+
+    def __init__(self, observation_dim: int, action_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        if not hidden:
+            raise ValueError("TanhGaussianActor needs at least one hidden layer")
+        self.trunk = nn.Sequential(MLP(observation_dim, hidden[:-1], hidden[-1]), nn.ReLU())
+        self.head = nn.Linear(hidden[-1], 2 * action_dim)
+        self.action_dim = action_dim
+
+    def _mean_log_std(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.head(self.trunk(observations)).chunk(2, dim=-1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def forward(self, observations: torch.Tensor) -> ActionSample:
+        """Reparameterised sample and its log-density (tanh change of variables)."""
+        mean, log_std = self._mean_log_std(observations)
+        std = log_std.exp()
+        noise = torch.randn_like(mean)
+        pre_tanh = mean + std * noise
+        log_prob = (-0.5 * noise.pow(2) - log_std - _LOG_SQRT_2PI).sum(-1)
+        # log(1 - tanh(x)^2) written stably: 2 * (log 2 - x - softplus(-2x)).
+        log_prob = log_prob - (2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))).sum(-1)
+        return ActionSample(torch.tanh(pre_tanh), log_prob)
+
+    def sample_n(self, observations: torch.Tensor, n: int) -> ActionSample:
+        """``n`` samples per observation: ``(B, obs) -> actions (n, B, act), log_prob (n, B)``."""
+        repeated = observations.unsqueeze(0).expand(n, *observations.shape)  # (n, B, obs)
+        return self(repeated)
+
+    def deterministic(self, observations: torch.Tensor) -> torch.Tensor:
+        """The squashed mean action."""
+        mean, _ = self._mean_log_std(observations)
+        return torch.tanh(mean)
+
+
+class DeterministicActor(nn.Module):
+    """``a = tanh(MLP(s))``: deterministic BC and TD3-style actors."""
+
+    def __init__(self, observation_dim: int, action_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.net = MLP(observation_dim, hidden, action_dim)
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(observations))
+
+
+def truncated_normal_log_prob(
+    actions: torch.Tensor,
+    mean: torch.Tensor,
+    log_std: torch.Tensor,
+    low: float = -1.0,
+    high: float = 1.0,
+) -> torch.Tensor:
+    """Log-density of a Gaussian truncated to ``[low, high]^d``, summed over the last axis.
+
+    ``log N(a; m, s) - log(Phi((high - m)/s) - Phi((low - m)/s))`` per dimension.
+    """
+    std = log_std.exp()
+    z = (actions - mean) / std
+    log_pdf = -0.5 * z.pow(2) - log_std - _LOG_SQRT_2PI
+    upper = torch.special.ndtr((high - mean) / std)
+    lower = torch.special.ndtr((low - mean) / std)
+    mass = (upper - lower).clamp_min(1e-12)
+    return (log_pdf - mass.log()).sum(-1)
+
+
+class TruncatedGaussianActor(nn.Module):
+    """beta_hat(a|s): a Gaussian with state-dependent mean and std, truncated to ``[-1, 1]^d``.
+
+    Truncation keeps the density proper on the action box that dataset actions live in, so
+    ``log_prob`` can be compared with a rollout policy's density for importance weights.
+    """
+
+    def __init__(self, observation_dim: int, action_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.net = MLP(observation_dim, hidden, 2 * action_dim)
+
+    def mean_log_std(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The untruncated Gaussian's mean (inside the box) and log std."""
+        mean, log_std = self.net(observations).chunk(2, dim=-1)
+        return torch.tanh(mean), log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log beta_hat(a|s)``: ``(B, obs), (B, act) -> (B,)``."""
+        mean, log_std = self.mean_log_std(observations)
+        return truncated_normal_log_prob(actions, mean, log_std)
+
+    def deterministic(self, observations: torch.Tensor) -> torch.Tensor:
+        """The mean action."""
+        return self.mean_log_std(observations)[0]
+
+
+class VAE(nn.Module):
+    """BCQ's conditional VAE of dataset actions (Fujimoto et al. 2019, appendix D)."""
+
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        hidden: Sequence[int],
+        latent_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.latent_dim = latent_dim or 2 * action_dim
+        self.encoder = MLP(observation_dim + action_dim, hidden, 2 * self.latent_dim)
+        self.decoder = MLP(observation_dim + self.latent_dim, hidden, action_dim)
+
+    def forward(
+        self, observations: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Reconstruction, latent mean and latent log std."""
+        mean, log_std = self.encoder(torch.cat([observations, actions], -1)).chunk(2, dim=-1)
+        log_std = log_std.clamp(-4.0, 15.0)
+        latent = mean + log_std.exp() * torch.randn_like(mean)
+        return self.decode(observations, latent), mean, log_std
+
+    def decode(
+        self, observations: torch.Tensor, latent: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Actions for ``observations``; without ``latent``, from the clipped prior."""
+        if latent is None:
+            shape = (*observations.shape[:-1], self.latent_dim)
+            latent = torch.randn(shape, device=observations.device).clamp(-0.5, 0.5)
+        return torch.tanh(self.decoder(torch.cat([observations, latent], -1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionScaler:
+    """Maps between an environment's Box bounds and the normalised box ``[-1, 1]^d``."""
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+
+    def normalise(self, actions: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Environment actions to ``[-1, 1]`` (clipped)."""
+        low, high = np.asarray(self.low, np.float32), np.asarray(self.high, np.float32)
+        scaled = 2.0 * (actions - low) / (high - low) - 1.0
+        return np.clip(scaled, -1.0, 1.0).astype(np.float32)
+
+    def denormalise(self, actions: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``[-1, 1]`` actions to the environment's bounds."""
+        low, high = np.asarray(self.low, np.float32), np.asarray(self.high, np.float32)
+        return (low + (actions + 1.0) * 0.5 * (high - low)).astype(np.float32)
+
+    @property
+    def log_abs_det(self) -> float:
+        """log |d(env action)/d(normalised action)|: converts densities between the two boxes."""
+        return float(np.sum(np.log(0.5 * (np.asarray(self.high) - np.asarray(self.low)))))

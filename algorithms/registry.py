@@ -1,0 +1,74 @@
+"""Offline learners by name; each is imported only when asked for."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from offaug.algorithms.base import Spaces, Trainer, config_from_json
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """Where a learner lives: module, trainer class and config class."""
+
+    module: str
+    trainer: str
+    config: str
+    discrete: bool
+
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {
+    "bc": AlgorithmSpec("offaug.algorithms.bc", "BC", "BCConfig", discrete=False),
+    "cql": AlgorithmSpec("offaug.algorithms.cql", "CQL", "CQLConfig", discrete=False),
+    "discrete_cql": AlgorithmSpec(
+        "offaug.algorithms.cql", "DiscreteCQL", "DiscreteCQLConfig", discrete=True
+    ),
+    "bcq": AlgorithmSpec("offaug.algorithms.bcq", "BCQ", "BCQConfig", discrete=False),
+    "discrete_bcq": AlgorithmSpec(
+        "offaug.algorithms.bcq", "DiscreteBCQ", "DiscreteBCQConfig", discrete=True
+    ),
+}
+
+
+def available() -> list[str]:
+    """Names of the learners whose modules are present."""
+    names = []
+    for name, spec in ALGORITHMS.items():
+        if importlib.util.find_spec(spec.module) is not None:
+            names.append(name)
+    return names
+
+
+def config_type(name: str) -> type[Any]:
+    """The config dataclass of learner ``name``."""
+    spec = _spec(name)
+    return getattr(importlib.import_module(spec.module), spec.config)  # type: ignore[no-any-return]
+
+
+def build(
+    name: str, spaces: Spaces, config: dict[str, Any] | None = None, *, device: str | None = None
+) -> Trainer:
+    """A fresh trainer for learner ``name`` with ``config`` overriding its defaults.
+
+    Raises:
+        ValueError: an unknown learner, an unknown config field, or a learner that does not fit
+            the action space (e.g. ``cql`` on discrete actions: use ``discrete_cql``).
+    """
+    spec = _spec(name)
+    if name != "bc" and spec.discrete != spaces.discrete:
+        kind = "discrete" if spaces.discrete else "continuous"
+        fitting = [n for n, s in ALGORITHMS.items() if s.discrete == spaces.discrete]
+        raise ValueError(f"{name} does not learn {kind} actions; use one of {fitting}")
+    module = importlib.import_module(spec.module)
+    config_obj = config_from_json(getattr(module, spec.config), config or {})
+    trainer: Trainer = getattr(module, spec.trainer)(spaces, config_obj, device=device)
+    return trainer
+
+
+def _spec(name: str) -> AlgorithmSpec:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {sorted(ALGORITHMS)}") from None

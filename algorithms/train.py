@@ -1,0 +1,261 @@
+"""The offline training loop behind ``offaug train``.
+
+It samples from one or many transition sets (with a mixing ratio and optional importance
+weights), calls ``trainer.update`` and, at fixed intervals, logs metrics as JSON lines, evaluates
+the greedy policy in the dataset's environment and writes a checkpoint. A run directory holds::
+
+    config.json        the resolved learner config and run options
+    metrics.jsonl      one line per log interval (training) and per evaluation
+    checkpoint.pt      the latest checkpoint (resume from it)
+    checkpoints/       step_<N>.pt at every checkpoint interval
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from offaug.algorithms import registry
+from offaug.algorithms.base import (
+    Spaces,
+    Trainer,
+    config_to_json,
+    configure_torch,
+    load_checkpoint,
+    save_checkpoint,
+    seed_everything,
+    spaces_from_transitions,
+)
+from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.datasets.sampler import MixtureSampler
+from offaug.datasets.shards import ShardSet, write_json_atomic
+from offaug.datasets.sources import load_transitions
+from offaug.datasets.transitions import Transitions
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """How a training run is driven (the learner's own hyperparameters are its config)."""
+
+    steps: int = 10_000
+    """Gradient steps in total (a resumed run continues up to this number)."""
+    seed: int = 0
+    """Seed of initialisation, sampling and evaluation."""
+    mixing: tuple[float, ...] | None = None
+    """Share of each source in every batch; None samples all rows uniformly."""
+    use_weights: bool = False
+    """Weight each row's loss by its ``importance_weight`` column."""
+    log_every: int = 1000
+    """Steps between metric lines."""
+    eval_every: int = 5000
+    """Steps between evaluations (0 disables them)."""
+    eval_episodes: int = 5
+    """Episodes per evaluation."""
+    env_id: str | None = None
+    """Evaluate in this env instead of the one the dataset records."""
+    checkpoint_every: int = 5000
+    """Steps between checkpoints (the last step always writes one)."""
+    device: str | None = None
+    """Torch device; default CUDA when present, else CPU."""
+    threads: int | None = None
+    """Torch CPU threads (1 inside Dask workers)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a finished run left behind."""
+
+    out: Path
+    steps: int
+    last_evaluation: EvaluationResult | None
+    checkpoint: Path
+
+
+def _load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Transitions | ShardSet:
+    if isinstance(source, (Transitions, ShardSet)):
+        return source
+    path = Path(os.fspath(source))
+    if (path / "manifest.json").is_file():
+        return ShardSet.open(path)
+    return load_transitions(source)
+
+
+def _meta_and_first(data: Transitions | ShardSet) -> tuple[Mapping[str, Any], Transitions]:
+    if isinstance(data, ShardSet):
+        return data.meta, data.read(data.shards[0])
+    return data.meta, data
+
+
+def train(
+    algorithm: str,
+    sources: Sequence[str | os.PathLike[str] | Transitions | ShardSet],
+    out: str | os.PathLike[str],
+    *,
+    config: Mapping[str, Any] | None = None,
+    options: TrainOptions | None = None,
+    resume: bool = False,
+    on_progress: Callable[[int, dict[str, float]], None] | None = None,
+) -> TrainResult:
+    """Train ``algorithm`` on ``sources`` and write the run directory ``out``.
+
+    Args:
+        algorithm: A name from :data:`registry.ALGORITHMS`.
+        sources: Datasets (anything :func:`load_transitions` takes), shard sets or transitions.
+        out: Run directory (created).
+        config: Overrides of the learner's config fields.
+        options: Steps, seed, mixing, logging and evaluation.
+        resume: Continue from ``out/checkpoint.pt`` if it exists.
+        on_progress: Called with (step, latest metrics) at every log interval.
+    """
+    options = options or TrainOptions()
+    run_dir = Path(out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    configure_torch(options.threads)
+    seed_everything(options.seed)
+    datasets = [_load_source(s) for s in sources]
+    meta, first = _meta_and_first(datasets[0])
+    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    trainer = registry.build(algorithm, spaces, dict(config or {}), device=options.device)
+    resolved_config = trainer.config
+    sampler = MixtureSampler(
+        datasets,
+        resolved_config.batch_size,
+        mixing=options.mixing,
+        use_weights=options.use_weights,
+        seed=options.seed,
+    )
+    checkpoint_path = run_dir / "checkpoint.pt"
+    start = 0
+    if resume and checkpoint_path.is_file():
+        start = _resume(trainer, sampler, checkpoint_path, algorithm)
+    write_json_atomic(
+        run_dir / "config.json",
+        {
+            "algorithm": algorithm,
+            "config": config_to_json(resolved_config),
+            "options": dataclasses.asdict(options),
+            "spaces": spaces.to_json(),
+            "sources": [
+                str(s) if not isinstance(s, Transitions) else "<in-memory>" for s in sources
+            ],
+        },
+    )
+    env = None
+    scores = reference_scores(meta, options.env_id)
+    if options.eval_every > 0:
+        env = make_env(meta, options.env_id)
+    last_eval: EvaluationResult | None = None
+    pending: list[dict[str, torch.Tensor]] = []
+    started = time.perf_counter()
+    with open(run_dir / "metrics.jsonl", "a") as log:
+        for step in range(start + 1, options.steps + 1):
+            batch = sampler.sample_torch(trainer_device(trainer))
+            pending.append(trainer.update(batch))
+            if step % options.log_every == 0 or step == options.steps:
+                metrics = _mean_metrics(pending)
+                pending.clear()
+                metrics["steps_per_s"] = (step - start) / (time.perf_counter() - started)
+                log.write(json.dumps({"step": step, "kind": "train", **metrics}) + "\n")
+                log.flush()
+                if on_progress is not None:
+                    on_progress(step, metrics)
+            if env is not None and (step % options.eval_every == 0 or step == options.steps):
+                last_eval = evaluate(
+                    trainer.act,
+                    env,
+                    episodes=options.eval_episodes,
+                    seed=options.seed + 10_000,
+                    scores=scores,
+                )
+                log.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "kind": "eval",
+                            "return": last_eval.mean_return,
+                            "normalised_score": last_eval.normalised_score,
+                            "returns": list(last_eval.returns),
+                        }
+                    )
+                    + "\n"
+                )
+                log.flush()
+            if step % options.checkpoint_every == 0 or step == options.steps:
+                _checkpoint(trainer, sampler, algorithm, resolved_config, spaces, step, run_dir)
+    if env is not None:
+        env.close()
+    return TrainResult(run_dir, options.steps, last_eval, checkpoint_path)
+
+
+def trainer_device(trainer: Trainer) -> torch.device:
+    """The device a trainer computes on."""
+    device: torch.device = getattr(trainer, "device", torch.device("cpu"))
+    return device
+
+
+def _mean_metrics(pending: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    # One host sync per log interval: stack each metric's tensors, then a single .tolist().
+    if not pending:
+        return {}
+    names = list(pending[0])
+    stacked = torch.stack([torch.stack([m[n].float() for n in names]) for m in pending])
+    means = stacked.mean(0).tolist()
+    return dict(zip(names, (float(v) for v in means), strict=True))
+
+
+def _checkpoint(
+    trainer: Trainer,
+    sampler: MixtureSampler,
+    algorithm: str,
+    config: Any,
+    spaces: Spaces,
+    step: int,
+    run_dir: Path,
+) -> None:
+    extra = {
+        "step": step,
+        "sampler_rng": sampler.rng_state(),
+    }
+    state = {**trainer.state_dict(), "torch_rng": torch.get_rng_state()}
+    path = save_checkpoint(
+        run_dir / "checkpoints" / f"step_{step}.pt",
+        algorithm=algorithm,
+        config=config,
+        spaces=spaces,
+        state=state,
+        extra=extra,
+    )
+    # The latest checkpoint is a copy under a fixed name, replaced atomically.
+    tmp = run_dir / ".checkpoint.pt.tmp"
+    tmp.write_bytes(path.read_bytes())
+    os.replace(tmp, run_dir / "checkpoint.pt")
+
+
+def _resume(trainer: Trainer, sampler: MixtureSampler, path: Path, algorithm: str) -> int:
+    checkpoint = load_checkpoint(path)
+    if checkpoint.algorithm != algorithm:
+        raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint cannot resume {algorithm}")
+    state = dict(checkpoint.state)
+    torch.set_rng_state(state.pop("torch_rng"))
+    trainer.load_state_dict(state)
+    sampler.set_rng_state(checkpoint.extra["sampler_rng"])
+    return int(checkpoint.extra["step"])
+
+
+def load_trainer(path: str | os.PathLike[str], *, device: str | None = None) -> Trainer:
+    """A trainer restored from a checkpoint (for ``act`` and ``log_prob``)."""
+    checkpoint = load_checkpoint(path)
+    trainer = registry.build(
+        checkpoint.algorithm, checkpoint.spaces, checkpoint.config, device=device
+    )
+    state = {k: v for k, v in checkpoint.state.items() if k != "torch_rng"}
+    trainer.load_state_dict(state)
+    return trainer
