@@ -1,0 +1,285 @@
+"""Exploration noise around a policy's mean action, with exact log-densities.
+
+A rollout policy mu is the BC policy's mean action plus noise, kept inside the action box. Every
+sampled action comes with ``log mu(a | s, noise state)`` computed for how it was kept inside:
+
+* ``gaussian:SIGMA``: a Gaussian truncated to the box (resampled, not clipped), so its density
+  is the truncated normal's, never the unclipped Gaussian's (clipping would put point masses on
+  the bounds, where no density exists);
+* ``ou:SIGMA[:THETA]``: Ornstein-Uhlenbeck noise x_t = (1 - theta) x_{t-1} + sigma eps, the
+  action a truncated Gaussian centred at ``mean + (1 - theta) x_{t-1}``; its density is the
+  conditional one given the process state (the policy is Markov in (s, x_{t-1}));
+* ``uniform``: uniform on the box;
+* ``epsilon:EPS`` appended to a continuous base (``gaussian:0.1+epsilon:0.05``): with
+  probability EPS a uniform action, else the base; the density is the mixture's. For discrete
+  actions ``epsilon:EPS`` alone is epsilon-greedy around the policy's argmax;
+* mixtures ``0.7*gaussian:0.1+0.3*gaussian:0.3``: weights must sum to 1.
+
+Everything works in the normalised box ``[-1, 1]^d``; callers convert densities to the
+environment's box with the scaler's log-determinant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from scipy import special, stats  # scipy's ndtr/ndtri are vectorised C
+
+FloatArray = npt.NDArray[np.float64]
+ComponentKind = Literal["gaussian", "ou", "uniform"]
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class NoiseSpecError(ValueError):
+    """A noise specification that cannot be parsed; the message shows the grammar."""
+
+
+GRAMMAR = (
+    "noise is 'gaussian:SIGMA', 'ou:SIGMA[:THETA]', 'uniform', a base plus '+epsilon:EPS', "
+    "or a mixture 'W1*COMPONENT+W2*COMPONENT' with weights summing to 1; "
+    "discrete actions take 'epsilon:EPS'"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One mixture component."""
+
+    kind: ComponentKind
+    weight: float
+    sigma: float = 0.0
+    theta: float = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseSpec:
+    """A parsed noise specification (see the module docstring for the grammar)."""
+
+    components: tuple[Component, ...] = ()
+    epsilon: float = 0.0
+    text: str = ""
+
+    @property
+    def has_ou(self) -> bool:
+        """Whether any component keeps an Ornstein-Uhlenbeck state."""
+        return any(c.kind == "ou" for c in self.components)
+
+
+def _component(text: str, weight: float) -> Component:
+    parts = text.strip().split(":")
+    kind = parts[0]
+    try:
+        if kind == "gaussian" and len(parts) == 2:
+            sigma = float(parts[1])
+            if sigma <= 0:
+                raise NoiseSpecError(f"gaussian sigma must be positive in {text!r}; {GRAMMAR}")
+            return Component("gaussian", weight, sigma=sigma)
+        if kind == "ou" and len(parts) in (2, 3):
+            sigma = float(parts[1])
+            theta = float(parts[2]) if len(parts) == 3 else 0.15
+            if sigma <= 0 or not 0 < theta <= 1:
+                raise NoiseSpecError(f"ou needs sigma > 0 and 0 < theta <= 1 in {text!r}")
+            return Component("ou", weight, sigma=sigma, theta=theta)
+        if kind == "uniform" and len(parts) == 1:
+            return Component("uniform", weight)
+    except ValueError as exc:
+        if isinstance(exc, NoiseSpecError):
+            raise
+        raise NoiseSpecError(f"bad number in {text!r}; {GRAMMAR}") from exc
+    raise NoiseSpecError(f"unknown noise component {text!r}; {GRAMMAR}")
+
+
+def parse_noise(text: str) -> NoiseSpec:
+    """Parse a noise specification string.
+
+    Raises:
+        NoiseSpecError: the text does not follow the grammar (the message shows it).
+    """
+    terms = [t.strip() for t in text.split("+") if t.strip()]
+    if not terms:
+        raise NoiseSpecError(f"empty noise specification; {GRAMMAR}")
+    epsilon = 0.0
+    components = []
+    for term in terms:
+        if term.startswith("epsilon:"):
+            try:
+                epsilon = float(term.split(":", 1)[1])
+            except ValueError as exc:
+                raise NoiseSpecError(f"bad epsilon in {term!r}; {GRAMMAR}") from exc
+            if not 0 <= epsilon <= 1:
+                raise NoiseSpecError(f"epsilon must be in [0, 1] in {term!r}")
+            continue
+        match = re.fullmatch(r"([0-9.eE+-]+)\s*\*\s*(.+)", term)
+        if match:
+            try:
+                weight = float(match.group(1))
+            except ValueError as exc:
+                raise NoiseSpecError(f"bad weight in {term!r}; {GRAMMAR}") from exc
+            components.append(_component(match.group(2), weight))
+        else:
+            components.append(_component(term, 1.0))
+    if len(components) > 1 and not math.isclose(
+        sum(c.weight for c in components), 1.0, abs_tol=1e-6
+    ):
+        raise NoiseSpecError(f"mixture weights sum to {sum(c.weight for c in components)}, not 1")
+    if len(components) == 1 and components[0].weight != 1.0:
+        components = [dataclasses.replace(components[0], weight=1.0)]
+    if any(c.weight < 0 for c in components):
+        raise NoiseSpecError("mixture weights must be non-negative")
+    return NoiseSpec(tuple(components), epsilon, text)
+
+
+def _truncnorm_sample(center: FloatArray, sigma: float, rng: np.random.Generator) -> FloatArray:
+    # Inverse-CDF sampling of a normal truncated to [-1, 1]: exact and vectorised.
+    low = special.ndtr((-1.0 - center) / sigma)
+    high = special.ndtr((1.0 - center) / sigma)
+    u = rng.uniform(size=center.shape)
+    p = np.clip(low + u * (high - low), 1e-12, 1 - 1e-12)
+    return np.clip(center + sigma * special.ndtri(p), -1.0, 1.0)
+
+
+def truncnorm_log_prob(
+    actions: FloatArray, center: FloatArray, sigma: float | FloatArray
+) -> FloatArray:
+    """Log-density of a normal truncated to ``[-1, 1]^d``, summed over the last axis.
+
+    ``sigma`` is a scalar or an array broadcasting against ``center`` (per-state std).
+    """
+    z = (actions - center) / sigma
+    log_pdf = -0.5 * z**2 - np.log(sigma) - _LOG_SQRT_2PI
+    mass = special.ndtr((1.0 - center) / sigma) - special.ndtr((-1.0 - center) / sigma)
+    return np.sum(log_pdf - np.log(np.maximum(mass, 1e-300)), axis=-1)
+
+
+class ContinuousNoise:
+    """Samples actions around a batch of mean actions and returns their log-densities.
+
+    Holds one OU state per environment; :meth:`reset` clears it for envs that start a new
+    episode.
+    """
+
+    def __init__(
+        self, spec: NoiseSpec, n_envs: int, action_dim: int, rng: np.random.Generator
+    ) -> None:
+        if not spec.components:
+            raise NoiseSpecError(
+                "epsilon-uniform needs a continuous base such as gaussian:0.1+epsilon:0.1; "
+                + GRAMMAR
+            )
+        self.spec = spec
+        self.rng = rng
+        self.action_dim = action_dim
+        self.ou_state = np.zeros((n_envs, action_dim))
+        self._weights = np.array([c.weight for c in spec.components])
+        self._log_uniform = -action_dim * math.log(2.0)
+
+    def reset(self, env_indices: Sequence[int] | npt.NDArray[np.int64]) -> None:
+        """Zero the OU state of environments that start a new episode."""
+        self.ou_state[np.asarray(env_indices, dtype=np.int64)] = 0.0
+
+    def _centers(self, mean: FloatArray) -> list[FloatArray]:
+        centers = []
+        for component in self.spec.components:
+            if component.kind == "ou":
+                centers.append(mean + (1.0 - component.theta) * self.ou_state)
+            else:
+                centers.append(mean)
+        return centers
+
+    def sample(self, mean: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Actions ``(n, d)`` in ``[-1, 1]`` around ``mean`` and ``log mu(a)`` ``(n,)``."""
+        n = mean.shape[0]
+        centers = self._centers(mean)
+        components = self.spec.components
+        if len(components) == 1:
+            # The common case: no component draw, no mixture log-sum-exp.
+            if components[0].kind == "uniform":
+                actions = self.rng.uniform(-1.0, 1.0, size=mean.shape)
+            else:
+                actions = _truncnorm_sample(centers[0], components[0].sigma, self.rng)
+        else:
+            choice = self.rng.choice(len(components), size=n, p=self._weights)
+            actions = np.empty_like(mean)
+            for k, component in enumerate(components):
+                rows = choice == k
+                if not rows.any():
+                    continue
+                if component.kind == "uniform":
+                    size = (int(rows.sum()), self.action_dim)
+                    actions[rows] = self.rng.uniform(-1.0, 1.0, size=size)
+                else:
+                    actions[rows] = _truncnorm_sample(centers[k][rows], component.sigma, self.rng)
+        if self.spec.epsilon > 0:
+            explore = self.rng.uniform(size=n) < self.spec.epsilon
+            size = (int(explore.sum()), self.action_dim)
+            actions[explore] = self.rng.uniform(-1.0, 1.0, size=size)
+        log_prob = self.log_prob(actions, mean, centers)
+        self._advance_ou(actions, mean)
+        return actions, log_prob
+
+    def log_prob(
+        self, actions: FloatArray, mean: FloatArray, centers: list[FloatArray] | None = None
+    ) -> FloatArray:
+        """``log mu(a | mean, OU state)`` of the mixture, before the OU state advances."""
+        centers = self._centers(mean) if centers is None else centers
+        n = actions.shape[0]
+        per_component = []
+        for component, center in zip(self.spec.components, centers, strict=True):
+            if component.kind == "uniform":
+                log_p = np.full(n, self._log_uniform)
+            else:
+                log_p = truncnorm_log_prob(actions, center, component.sigma)
+            per_component.append(np.log(component.weight) + log_p)
+        if len(per_component) == 1:
+            log_base = per_component[0]
+        else:
+            log_base = np.logaddexp.reduce(np.stack(per_component), axis=0)
+        epsilon = self.spec.epsilon
+        if epsilon <= 0:
+            return np.asarray(log_base)
+        if epsilon >= 1:
+            return np.full(n, self._log_uniform)
+        return np.logaddexp(math.log1p(-epsilon) + log_base, math.log(epsilon) + self._log_uniform)
+
+    def _advance_ou(self, actions: FloatArray, mean: FloatArray) -> None:
+        # The OU state follows the realised deviation from the mean action, so the next
+        # conditional density is centred where the process actually is.
+        if self.spec.has_ou:
+            self.ou_state = actions - mean
+
+
+class DiscreteNoise:
+    """Epsilon-greedy around a discrete policy's argmax, with exact log-probabilities."""
+
+    def __init__(self, spec: NoiseSpec, n_actions: int, rng: np.random.Generator) -> None:
+        if spec.components:
+            raise NoiseSpecError(f"discrete actions take 'epsilon:EPS' only, not {spec.text!r}")
+        self.epsilon = spec.epsilon
+        self.n_actions = n_actions
+        self.rng = rng
+
+    def reset(self, env_indices: Sequence[int] | npt.NDArray[np.int64]) -> None:
+        """No state to reset."""
+
+    def sample(self, greedy: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], FloatArray]:
+        """Actions and ``log mu(a|s)``."""
+        n = greedy.shape[0]
+        explore = self.rng.uniform(size=n) < self.epsilon
+        actions = np.where(explore, self.rng.integers(0, self.n_actions, size=n), greedy)
+        probability = np.where(
+            actions == greedy,
+            1 - self.epsilon + self.epsilon / self.n_actions,
+            self.epsilon / self.n_actions,
+        )
+        return actions.astype(np.int64), np.log(probability)
+
+
+def gaussian_log_prob(actions: FloatArray, mean: FloatArray, sigma: float) -> FloatArray:
+    """Log-density of an untruncated diagonal Gaussian (for tests and comparisons)."""
+    return np.asarray(stats.norm.logpdf(actions, loc=mean, scale=sigma).sum(-1))
