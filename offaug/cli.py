@@ -193,6 +193,129 @@ def verify(
     console.print(f"{len(shard_set.shards)} shard(s), {shard_set.rows} rows: all checksums match")
 
 
+@app.command("train")
+def train_command(
+    algorithm: Annotated[str, typer.Argument(help="bc, cql, discrete_cql, bcq, discrete_bcq.")],
+    sources: Annotated[
+        list[str], typer.Argument(help="Datasets: Minari ids/dirs, D4RL files, shard sets.")
+    ],
+    out: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/train"),
+    config: Annotated[
+        Path | None, typer.Option(help="YAML mapping of the learner's config fields.")
+    ] = None,
+    steps: Annotated[int, typer.Option(help="Gradient steps in total.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Seed of init, sampling, evaluation.")] = 0,
+    mixing: Annotated[
+        str | None, typer.Option(help="Share of each source per batch, e.g. 0.5,0.5.")
+    ] = None,
+    weights: Annotated[bool, typer.Option(help="Weight losses by importance_weight.")] = False,
+    eval_every: Annotated[int, typer.Option(help="Steps between evaluations (0: none).")] = 5000,
+    eval_episodes: Annotated[int, typer.Option(help="Episodes per evaluation.")] = 5,
+    env: Annotated[
+        str | None, typer.Option(help="Evaluate in this env id instead of the dataset's.")
+    ] = None,
+    log_every: Annotated[int, typer.Option(help="Steps between metric lines.")] = 1000,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 5000,
+    resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint.pt.")] = False,
+    device: Annotated[str | None, typer.Option(help="Torch device (default cuda if any).")] = None,
+    threads: Annotated[int | None, typer.Option(help="Torch CPU threads.")] = None,
+) -> None:
+    """Train an offline learner; metrics, evaluations and checkpoints go to OUT."""
+    import yaml
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from offaug.algorithms.train import TrainOptions, train
+
+    overrides: dict[str, Any] = {}
+    if config is not None:
+        try:
+            loaded = yaml.safe_load(config.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            err_console.print(f"[bold red]error:[/] {config}: cannot read YAML ({exc})")
+            raise typer.Exit(code=2) from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            err_console.print(f"[bold red]error:[/] {config}: must be a mapping of config fields")
+            raise typer.Exit(code=2)
+        overrides = loaded or {}
+    mixing_values = None
+    if mixing is not None:
+        try:
+            mixing_values = tuple(float(x) for x in mixing.split(","))
+        except ValueError as exc:
+            err_console.print(f"[bold red]error:[/] --mixing {mixing!r}: numbers like 0.5,0.5")
+            raise typer.Exit(code=2) from exc
+    options = TrainOptions(
+        steps=steps,
+        seed=seed,
+        mixing=mixing_values,
+        use_weights=weights,
+        log_every=log_every,
+        eval_every=eval_every,
+        eval_episodes=eval_episodes,
+        env_id=env,
+        checkpoint_every=checkpoint_every,
+        device=device,
+        threads=threads,
+    )
+    writer = _tensorboard_writer(out)
+    with Progress(
+        TextColumn(f"[bold]{algorithm}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("train", total=steps, info="")
+
+        def on_progress(step: int, metrics: dict[str, float]) -> None:
+            info = ", ".join(f"{k}={v:.3g}" for k, v in metrics.items())
+            progress.update(task, completed=step, info=info)
+            if writer is not None:
+                for name, value in metrics.items():
+                    writer.add_scalar(f"train/{name}", value, step)
+
+        def run() -> Any:
+            try:
+                return train(
+                    algorithm,
+                    sources,
+                    out,
+                    config=overrides,
+                    options=options,
+                    resume=resume,
+                    on_progress=on_progress,
+                )
+            except ValueError as exc:
+                from offaug.datasets.errors import DataError
+
+                if isinstance(exc, DataError):
+                    raise
+                raise DataError(str(exc)) from exc
+
+        result = _run(run)
+    if writer is not None:
+        writer.close()
+    evaluation = result.last_evaluation
+    if evaluation is not None:
+        score = (
+            f", normalised score {evaluation.normalised_score:.1f}"
+            if evaluation.normalised_score is not None
+            else ""
+        )
+        console.print(f"final return {evaluation.mean_return:.1f}{score}")
+    console.print(f"checkpoint: {result.checkpoint}")
+
+
+def _tensorboard_writer(out: Path) -> Any:
+    """A TensorBoard writer when tensorboard is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(log_dir=str(out / "tensorboard"))
+
+
 @cache_app.command("info")
 def cache_info() -> None:
     """Where the cache is and how much it holds."""
