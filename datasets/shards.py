@@ -366,7 +366,13 @@ class ShardSet:
             raise DataError("shard set holds no shards", path=self.directory)
         if len(parts) == 1:
             return dataclasses.replace(parts[0], meta=dict(self.meta))
-        joined = concatenate(parts, renumber_episodes=False)
+        # Shards of one dataset keep its episode ids; shards written independently (one per
+        # rollout task) each count from 0 and are renumbered so that ids stay ascending.
+        ascending = all(
+            len(a) == 0 or len(b) == 0 or b.episode_ids[0] > a.episode_ids[-1]
+            for a, b in itertools.pairwise(parts)
+        )
+        joined = concatenate(parts, renumber_episodes=not ascending)
         return dataclasses.replace(joined, meta=dict(self.meta))
 
     def verify(self) -> list[tuple[ShardRef, str]]:

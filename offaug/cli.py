@@ -307,6 +307,89 @@ def train_command(
     console.print(f"checkpoint: {result.checkpoint}")
 
 
+class StartKind(str, Enum):
+    """Where rollout episodes start."""
+
+    reset = "reset"
+    dataset = "dataset"
+
+
+@app.command("rollout")
+def rollout_command(
+    source: Annotated[str, typer.Argument(help="The dataset the BC policy was trained on.")],
+    policy: Annotated[Path, typer.Option(help="BC checkpoint (offaug train bc ...).")],
+    out: Annotated[Path, typer.Option(help="Shard-set directory to write.")],
+    noise: Annotated[
+        str, typer.Option(help="gaussian:SIGMA, ou:SIGMA[:THETA], uniform, +epsilon:EPS, mixtures.")
+    ] = "gaussian:0.1",
+    episodes: Annotated[int, typer.Option(help="Episodes in total.")] = 100,
+    tasks: Annotated[int, typer.Option(help="Shards (units of parallel work).")] = 1,
+    envs: Annotated[int, typer.Option(help="Environments stepped together per task.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of resets, noise and start states.")] = 0,
+    start: Annotated[StartKind, typer.Option(help="reset, or branch from dataset states.")] = (
+        StartKind.reset
+    ),
+    max_weight: Annotated[float, typer.Option(help="Clip importance weights here.")] = 100.0,
+    env: Annotated[str | None, typer.Option(help="Env id instead of the dataset's.")] = None,
+    max_episode_steps: Annotated[int | None, typer.Option(help="Override the time limit.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing shard set.")] = False,
+) -> None:
+    """Roll the BC policy out with noise; every transition carries its importance weight."""
+    from offaug.pipeline.noise import NoiseSpecError, parse_noise
+    from offaug.pipeline.rollout import (
+        RolloutConfig,
+        RolloutError,
+        merge_rollout_shards,
+        run_rollout_task,
+        split_tasks,
+    )
+
+    try:
+        parse_noise(noise)
+    except NoiseSpecError as exc:
+        err_console.print(f"[bold red]error:[/] --noise {noise!r}: {exc}")
+        raise typer.Exit(code=2) from exc
+    if out.exists() and not overwrite:
+        err_console.print(f"[bold red]error:[/] {out} exists; pass --overwrite to replace it")
+        raise typer.Exit(code=2)
+    staging = out.with_name(f".{out.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    config = RolloutConfig(
+        episodes=episodes,
+        n_envs=envs,
+        noise=noise,
+        seed=seed,
+        max_weight=max_weight,
+        start=start.value,
+        max_episode_steps=max_episode_steps,
+    )
+    jobs = split_tasks(source, str(policy), config, staging, tasks, env_id=env)
+    results = []
+    with console.status("rolling out") as status:
+        for job in jobs:
+            status.update(f"rollout task {job.task_index + 1}/{len(jobs)}")
+            try:
+                results.append(_run(lambda job=job: run_rollout_task(job)))  # type: ignore[misc]
+            except (RolloutError, TypeError) as exc:
+                shutil.rmtree(staging, ignore_errors=True)
+                err_console.print(f"[bold red]error:[/] rollout task {job.task_index}: {exc}")
+                raise typer.Exit(code=1) from exc
+    shard_set = merge_rollout_shards(
+        staging, results, {"noise": noise, "max_weight": max_weight, "episodes": episodes}
+    )
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    stats = shard_set.params["weight_stats"]
+    faults = sum(r.faults for r in results)
+    console.print(
+        f"wrote {shard_set.episodes} episodes, {shard_set.rows} transitions in "
+        f"{len(results)} shard(s) to {out}; ESS/N {stats['ess_fraction']:.3f}, "
+        f"clipped {stats['clipped_fraction']:.3f}, max weight {stats['max_weight']:.3g}, "
+        f"{faults} fault(s)"
+    )
+
+
 def _tensorboard_writer(out: Path) -> Any:
     """A TensorBoard writer when tensorboard is installed, else None."""
     try:

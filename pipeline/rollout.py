@@ -532,6 +532,7 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
             "dataset_id",
         )
     }
+    meta["format"] = "offaug-rollout"
     meta["provenance"] = {
         "source": task.source,
         "policy": task.policy,

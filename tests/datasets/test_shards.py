@@ -150,3 +150,15 @@ def test_empty_transitions_round_trip(tmp_path: Path) -> None:
     empty = _augmented().slice(0, 0)
     ref = write_shard(empty, tmp_path / "empty.arrow")
     assert read_shard(ref.path, checksum=ref.checksum).equals(empty)
+
+
+def test_independently_written_shards_are_renumbered_on_load(tmp_path: Path) -> None:
+    from offaug.datasets.shards import ShardSet as Set
+
+    a = write_shard(_augmented(seed=1), tmp_path / "a.arrow")
+    b = write_shard(_augmented(seed=2), tmp_path / "b.arrow")
+    shard_set = Set(str(tmp_path), (a, b), {}, {}, {})
+    shard_set.write_manifest()
+    loaded = Set.open(tmp_path).load()
+    assert loaded.num_episodes == 12
+    assert np.all(np.diff(loaded.episode_ids) >= 0)

@@ -83,7 +83,7 @@ def test_epsilon_greedy_probabilities_for_discrete_actions() -> None:
     ],
 )
 def test_bad_specs_show_the_grammar(bad: str) -> None:
-    with pytest.raises(NoiseSpecError, match="gaussian|epsilon|weights|ou"):
+    with pytest.raises(NoiseSpecError, match=r"gaussian|epsilon|weights|ou"):
         parse_noise(bad)
 
 
