@@ -1,0 +1,377 @@
+"""A learned-dynamics ensemble for datasets whose simulator is not at hand (MOPO-style).
+
+Yu et al. 2020, "MOPO: Model-based Offline Policy Optimization". An ensemble of probabilistic
+networks predicts a Gaussian over (next-state difference, reward) and a termination logit from
+(state, action); members are trained together (one batched ensemble op) on independent
+bootstrap draws of the data. Rollouts of horizon H start from dataset states: at each step the
+BC policy plus noise picks actions (with the same log-probabilities as simulator rollouts), a
+random member predicts the step, and the reward is penalised by the ensemble's uncertainty,
+``r - lambda * max_k ||sigma_k(s, a)||`` (MOPO's max-aleatoric penalty). States are kept within
+the dataset's bounds: a rollout that leaves them (beyond a margin) or produces NaN stops there
+as truncated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.nn import functional as F
+
+from offaug.algorithms.base import adam, weighted_mean
+from offaug.algorithms.networks import EnsembleMLP
+from offaug.datasets.transitions import Source, Transitions
+from offaug.pipeline.noise import ContinuousNoise, parse_noise, truncnorm_log_prob
+from offaug.pipeline.rollout import RolloutPolicy, weight_statistics
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicsConfig:
+    """Hyperparameters of the dynamics ensemble and its rollouts."""
+
+    members: int = 7
+    """Ensemble size (MOPO: 7)."""
+    hidden: tuple[int, ...] = (200, 200, 200)
+    """Hidden widths of each member."""
+    learning_rate: float = 1e-3
+    """Adam learning rate."""
+    batch_size: int = 256
+    """Transitions per member per step."""
+    steps: int = 5000
+    """Gradient steps."""
+    holdout_fraction: float = 0.1
+    """Share of transitions kept out of training for the validation loss."""
+    horizon: int = 5
+    """Model rollout length H."""
+    penalty: float = 1.0
+    """lambda in r - lambda * uncertainty."""
+    bounds_margin: float = 0.1
+    """States may exceed the dataset's range by this share of it before a rollout stops."""
+    seed: int = 0
+    """Seed of initialisation, bootstrap draws and rollouts."""
+
+
+def gaussian_nll(mean: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample Gaussian negative log-likelihood summed over dimensions: ``(..., d) -> (...)``."""
+    return 0.5 * (((target - mean) ** 2) * torch.exp(-log_var) + log_var).sum(-1)
+
+
+class DynamicsEnsemble:
+    """The ensemble, its input/output normalisation and its training."""
+
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        config: DynamicsConfig,
+        statistics: Mapping[str, npt.NDArray[Any]],
+    ) -> None:
+        self.config = config
+        self.observation_dim = observation_dim
+        self.action_dim = action_dim
+        torch.manual_seed(config.seed)
+        # Outputs: mean and log-variance of (delta state, reward), then a termination logit.
+        self.target_dim = observation_dim + 1
+        self.net = EnsembleMLP(
+            config.members, observation_dim + action_dim, config.hidden, 2 * self.target_dim + 1
+        )
+        self.max_log_var = torch.nn.Parameter(torch.full((self.target_dim,), 0.5))
+        self.min_log_var = torch.nn.Parameter(torch.full((self.target_dim,), -10.0))
+        self.optimizer = adam(
+            [*self.net.parameters(), self.max_log_var, self.min_log_var], config.learning_rate
+        )
+        self.stats = {
+            k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in statistics.items()
+        }
+
+    def _predict(
+        self, observations: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        inputs = (torch.cat([observations, actions], -1) - self.stats["input_mean"]) / self.stats[
+            "input_std"
+        ]
+        out = self.net(inputs)  # (E, B, 2 * target + 1)
+        mean, raw_log_var, terminal_logit = out.split([self.target_dim, self.target_dim, 1], dim=-1)
+        # Soft bounds on the log-variance, as in PETS/MBPO.
+        log_var = self.max_log_var - F.softplus(self.max_log_var - raw_log_var)
+        log_var = self.min_log_var + F.softplus(log_var - self.min_log_var)
+        return mean, log_var, terminal_logit.squeeze(-1)
+
+    def fit(self, data: Transitions) -> dict[str, float]:
+        """Train on ``data``; returns the final training and hold-out losses."""
+        rng = np.random.default_rng(self.config.seed)
+        n = len(data)
+        order = rng.permutation(n)
+        holdout = order[: int(n * self.config.holdout_fraction)]
+        train_rows = order[int(n * self.config.holdout_fraction) :]
+        tensors = _training_tensors(data)
+        targets = self._targets(tensors)
+        members, batch = self.config.members, self.config.batch_size
+        loss = torch.zeros(())
+        for _ in range(self.config.steps):
+            # Each member draws its own bootstrap batch: (E, B) row indices.
+            rows = torch.as_tensor(
+                train_rows[rng.integers(0, len(train_rows), size=(members, batch))]
+            )
+            loss = self._loss(tensors, targets, rows)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        with torch.no_grad():
+            rows = torch.as_tensor(np.broadcast_to(holdout, (members, len(holdout))).copy())
+            holdout_loss = self._loss(tensors, targets, rows) if len(holdout) else torch.zeros(())
+        return {"train_loss": float(loss.detach()), "holdout_loss": float(holdout_loss)}
+
+    def _targets(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        delta = tensors["next_observations"] - tensors["observations"]
+        target = torch.cat([delta, tensors["rewards"][:, None]], -1)
+        return (target - self.stats["target_mean"]) / self.stats["target_std"]
+
+    def _loss(
+        self, tensors: Mapping[str, torch.Tensor], targets: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        observations = tensors["observations"][rows]  # (E, B, obs)
+        actions = tensors["actions"][rows]
+        mean, log_var, terminal_logit = self._predict(observations, actions)
+        nll = gaussian_nll(mean, log_var, targets[rows])
+        terminal = F.binary_cross_entropy_with_logits(
+            terminal_logit, tensors["terminals"][rows], reduction="none"
+        )
+        bounds = 0.01 * (self.max_log_var.sum() - self.min_log_var.sum())
+        return weighted_mean(nll + terminal, None) + bounds
+
+    @torch.no_grad()
+    def step(
+        self,
+        observations: torch.Tensor,
+        actions: torch.Tensor,
+        member: torch.Tensor,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One model step for a batch: next states, rewards, terminal flags, uncertainty."""
+        mean, log_var, terminal_logit = self._predict(observations, actions)  # (E, B, .)
+        std = torch.exp(0.5 * log_var)
+        target_std = self.stats["target_std"]
+        batch = torch.arange(observations.shape[0])
+        noise = torch.randn(mean.shape[1:], generator=generator)
+        sample = mean[member, batch] + std[member, batch] * noise  # (B, target)
+        prediction = sample * target_std + self.stats["target_mean"]
+        next_observations = observations + prediction[:, : self.observation_dim]
+        rewards = prediction[:, -1]
+        # MOPO's penalty: the largest predicted std (in original units) over members.
+        uncertainty = torch.linalg.vector_norm(std * target_std, dim=-1).amax(0)
+        # Sampled, not thresholded: terminations are rare, and a 0.5 threshold would hide them.
+        probability = torch.sigmoid(terminal_logit[member, batch])
+        terminals = torch.rand(probability.shape, generator=generator) < probability
+        return next_observations, rewards, terminals, uncertainty
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights and normalisation statistics."""
+        return {
+            "net": self.net.state_dict(),
+            "max_log_var": self.max_log_var.detach(),
+            "min_log_var": self.min_log_var.detach(),
+            "stats": self.stats,
+            "dims": torch.tensor([self.observation_dim, self.action_dim]),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.net.load_state_dict(state["net"])
+        with torch.no_grad():
+            self.max_log_var.copy_(state["max_log_var"])
+            self.min_log_var.copy_(state["min_log_var"])
+        self.stats = dict(state["stats"])
+
+
+def _training_tensors(data: Transitions) -> dict[str, torch.Tensor]:
+    return {
+        # Copies: the data may be a read-only memory map, which torch must not wrap.
+        "observations": torch.tensor(np.asarray(data.observations, dtype=np.float32)),
+        "actions": torch.tensor(np.asarray(data.actions, dtype=np.float32)),
+        "next_observations": torch.tensor(np.asarray(data.next_observations, dtype=np.float32)),
+        "rewards": torch.tensor(np.asarray(data.rewards, dtype=np.float32)),
+        "terminals": torch.tensor(np.asarray(data.terminals, dtype=np.float32)),
+    }
+
+
+def dataset_statistics(data: Transitions) -> dict[str, npt.NDArray[np.float32]]:
+    """Normalisation statistics and state bounds of a dataset."""
+    inputs = np.concatenate([data.observations, data.actions], 1).astype(np.float64)
+    targets = np.concatenate(
+        [data.next_observations - data.observations, data.rewards[:, None]], 1
+    ).astype(np.float64)
+    observations = np.asarray(data.observations, dtype=np.float64)
+    return {
+        "input_mean": inputs.mean(0).astype(np.float32),
+        "input_std": (inputs.std(0) + 1e-6).astype(np.float32),
+        "target_mean": targets.mean(0).astype(np.float32),
+        "target_std": (targets.std(0) + 1e-6).astype(np.float32),
+        "observation_low": observations.min(0).astype(np.float32),
+        "observation_high": observations.max(0).astype(np.float32),
+    }
+
+
+def train_dynamics(
+    data: Transitions, config: DynamicsConfig | None = None
+) -> tuple[DynamicsEnsemble, dict[str, float]]:
+    """Fit a dynamics ensemble to a dataset with continuous actions."""
+    config = config or DynamicsConfig()
+    if data.is_discrete_action:
+        raise ValueError("the dynamics ensemble needs continuous actions")
+    model = DynamicsEnsemble(
+        data.observations.shape[1], data.actions.shape[1], config, dataset_statistics(data)
+    )
+    return model, model.fit(data)
+
+
+def save_dynamics(model: DynamicsEnsemble, path: str | Path) -> Path:
+    """Write the ensemble as a checkpoint that loads without pickle."""
+    from offaug.algorithms.base import Spaces, save_checkpoint
+
+    spaces = Spaces(model.observation_dim, model.action_dim)
+    return save_checkpoint(
+        path, algorithm="dynamics", config=model.config, spaces=spaces, state=model.state_dict()
+    )
+
+
+def load_dynamics(path: str | Path) -> DynamicsEnsemble:
+    """Load :func:`save_dynamics`'s checkpoint."""
+    from offaug.algorithms.base import config_from_json, load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    if checkpoint.algorithm != "dynamics":
+        raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint, not a dynamics model")
+    config = config_from_json(DynamicsConfig, checkpoint.config)
+    stats = {k: v.numpy() for k, v in checkpoint.state["stats"].items()}
+    model = DynamicsEnsemble(
+        checkpoint.spaces.observation_dim, checkpoint.spaces.action_dim, config, stats
+    )
+    model.load_state_dict(checkpoint.state)
+    return model
+
+
+def model_rollout(
+    model: DynamicsEnsemble,
+    policy: RolloutPolicy,
+    start_observations: npt.NDArray[np.float32],
+    *,
+    noise: str = "gaussian:0.1",
+    max_weight: float = 100.0,
+    meta: Mapping[str, Any] | None = None,
+) -> Transitions:
+    """Roll ``policy`` out in the model from every start observation for ``horizon`` steps."""
+    config = model.config
+    rng = np.random.default_rng(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    n = len(start_observations)
+    horizon = config.horizon
+    low = model.stats["observation_low"]
+    high = model.stats["observation_high"]
+    margin = config.bounds_margin * (high - low)
+    noise_process = ContinuousNoise(parse_noise(noise), n, model.action_dim, rng)
+    obs = torch.as_tensor(np.asarray(start_observations, dtype=np.float32))
+    alive = np.ones(n, dtype=bool)
+    steps: list[dict[str, npt.NDArray[Any]]] = []
+    for t in range(horizon):
+        observations = obs.numpy().copy()
+        mean, log_std = policy(observations)
+        if log_std is None:
+            raise ValueError("model rollouts need a continuous Gaussian policy")
+        actions, log_mu = noise_process.sample(mean)
+        log_beta = truncnorm_log_prob(actions, mean, np.exp(log_std))
+        env_actions = policy.to_env(actions).astype(np.float32)
+        member = torch.as_tensor(rng.integers(0, config.members, size=n))
+        next_obs, rewards, terminals, uncertainty = model.step(
+            obs, torch.as_tensor(env_actions), member, generator
+        )
+        next_np = next_obs.numpy()
+        finite = np.isfinite(next_np).all(1) & np.isfinite(rewards.numpy())
+        outside = ((next_np < (low - margin).numpy()) | (next_np > (high + margin).numpy())).any(1)
+        clipped = np.clip(next_np, (low - margin).numpy(), (high + margin).numpy())
+        raw_reward = rewards.numpy()
+        penalty = config.penalty * uncertainty.numpy()
+        keep = alive & finite
+        steps.append(
+            {
+                "alive": keep,
+                "observations": observations,
+                "actions": env_actions,
+                "rewards": (raw_reward - penalty).astype(np.float32),
+                "raw_reward": raw_reward.astype(np.float32),
+                "uncertainty": uncertainty.numpy().astype(np.float32),
+                "next_observations": clipped.astype(np.float32),
+                "terminals": terminals.numpy(),
+                "timeouts": outside | (t == horizon - 1) | ~finite,
+                "rollout_log_prob": log_mu + policy.log_abs_det,
+                "behaviour_log_prob": log_beta + policy.log_abs_det,
+            }
+        )
+        alive = keep & ~terminals.numpy() & ~outside
+        obs = torch.as_tensor(np.where(np.isfinite(clipped), clipped, 0.0).astype(np.float32))
+        if not alive.any():
+            break
+    return _assemble(steps, n, max_weight, meta)
+
+
+def _assemble(
+    steps: list[dict[str, npt.NDArray[Any]]],
+    n: int,
+    max_weight: float,
+    meta: Mapping[str, Any] | None,
+) -> Transitions:
+    # Reorder step-major records into episode-major rows (one model rollout = one episode).
+    alive = np.stack([s["alive"] for s in steps], 1)  # (n, T)
+    # A rollout whose next step is dropped (NaN) ends at its last kept step, as truncated.
+    for t in range(alive.shape[1] - 1):
+        ended = alive[:, t] & ~alive[:, t + 1]
+        steps[t]["timeouts"] = steps[t]["timeouts"] | ended
+    rows_episode, rows_time = np.nonzero(alive)
+
+    def gather(key: str) -> npt.NDArray[Any]:
+        stacked = np.stack([s[key] for s in steps], 1)  # (n, T, ...)
+        return stacked[rows_episode, rows_time]
+
+    log_ratio = gather("behaviour_log_prob") - gather("rollout_log_prob")
+    weights = np.exp(np.minimum(log_ratio, math.log(max_weight)))
+    lengths = alive.sum(1)
+    lengths = lengths[lengths > 0]
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    cumulative = np.cumsum(log_ratio)
+    cumulative_log_ratio = cumulative - np.repeat(cumulative[starts] - log_ratio[starts], lengths)
+    timeouts = gather("timeouts").astype(bool)
+    terminals = gather("terminals").astype(bool)
+    stats = weight_statistics(weights, log_ratio, max_weight)
+    return Transitions(
+        observations=gather("observations").astype(np.float32),
+        actions=gather("actions").astype(np.float32),
+        rewards=gather("rewards").astype(np.float32),
+        next_observations=gather("next_observations").astype(np.float32),
+        terminals=terminals,
+        timeouts=timeouts & ~terminals,
+        episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
+        rollout_log_prob=gather("rollout_log_prob").astype(np.float32),
+        behaviour_log_prob=gather("behaviour_log_prob").astype(np.float32),
+        importance_weight=weights.astype(np.float32),
+        source=np.full(len(weights), Source.MODEL, dtype=np.int8),
+        extras={
+            "raw_reward": gather("raw_reward"),
+            "model_uncertainty": gather("uncertainty"),
+            "cumulative_log_ratio": cumulative_log_ratio.astype(np.float32),
+            "per_decision_weight": np.exp(
+                np.minimum(cumulative_log_ratio, math.log(max_weight))
+            ).astype(np.float32),
+        },
+        meta={
+            **dict(meta or {}),
+            "format": "offaug-model-rollout",
+            "weight_stats": stats,
+            "rollouts": n,
+        },
+    )
