@@ -641,38 +641,36 @@ class _Hdf5Writer:
         self._lcpl.set_char_encoding(h5py.h5t.CSET_UTF8)
         self._scalar = h5py.h5s.create(h5py.h5s.SCALAR)
         self._int64 = h5py.h5t.py_create(np.dtype(np.int64), logical=True)
-        self._types: dict[str, Any] = {}
-        self._plans: dict[tuple[tuple[int, ...], str], tuple[Any, Any, bool]] = {}
+        # (shape, dtype) -> (HDF5 type, dataspace, creation property list, chunk offset or
+        # None when the dataset spans several chunks): made once, reused by every episode.
+        self._plans: dict[tuple[tuple[int, ...], str], tuple[Any, Any, Any, Any]] = {}
         self._next_id = 0
 
-    def _plan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[Any, Any, bool]:
-        """(dataspace, creation property list, one chunk?) for a dataset of this shape."""
-        key = (shape, dtype.str)
-        plan = self._plans.get(key)
-        if plan is None:
-            h5py = self._h5py
-            maxshape = (None, *shape[1:])
-            chunk = _guess_chunk(shape, maxshape, dtype.itemsize)
-            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-            dcpl.set_chunk(chunk)
-            dcpl.set_obj_track_times(False)
-            space = h5py.h5s.create_simple(shape, (h5py.h5s.UNLIMITED, *shape[1:]))
-            plan = (space, dcpl, tuple(chunk) == shape)
-            self._plans[key] = plan
+    def _plan(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[Any, Any, Any, Any]:
+        h5py = self._h5py
+        chunk = _guess_chunk(shape, (None, *shape[1:]), dtype.itemsize)
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk(chunk)
+        dcpl.set_obj_track_times(False)
+        plan = (
+            h5py.h5t.py_create(dtype, logical=True),
+            h5py.h5s.create_simple(shape, (h5py.h5s.UNLIMITED, *shape[1:])),
+            dcpl,
+            (0,) * len(shape) if chunk == shape else None,
+        )
+        self._plans[(shape, dtype.str)] = plan
         return plan
 
     def _dataset(self, group: Any, name: bytes, values: npt.NDArray[Any]) -> None:
-        h5py = self._h5py
-        type_id = self._types.get(values.dtype.str)
-        if type_id is None:
-            type_id = h5py.h5t.py_create(values.dtype, logical=True)
-            self._types[values.dtype.str] = type_id
-        space, dcpl, one_chunk = self._plan(values.shape, values.dtype)
-        dataset = h5py.h5d.create(group, name, type_id, space, dcpl=dcpl)
-        if one_chunk and values.flags.c_contiguous:
-            dataset.write_direct_chunk((0,) * values.ndim, values.data)
+        """One resizable chunked dataset holding ``values`` (C-contiguous)."""
+        plan = self._plans.get((values.shape, values.dtype.str)) or self._plan(
+            values.shape, values.dtype
+        )
+        dataset = self._h5py.h5d.create(group, name, plan[0], plan[1], dcpl=plan[2])
+        if plan[3] is not None:
+            dataset.write_direct_chunk(plan[3], values.data)
         else:
-            dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, np.ascontiguousarray(values))
+            dataset.write(self._h5py.h5s.ALL, self._h5py.h5s.ALL, values)
 
     def _attribute(self, group: Any, name: bytes, value: int) -> None:
         attribute = self._h5py.h5a.create(group, name, self._int64, self._scalar)

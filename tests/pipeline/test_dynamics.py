@@ -26,7 +26,7 @@ CONFIG = DynamicsConfig(members=4, hidden=(64, 64), steps=250, horizon=5, seed=0
 @pytest.fixture(scope="module")
 def trained(make_test_dataset) -> tuple[Any, Any]:
     data = load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
-    model, losses = train_dynamics(data, CONFIG)
+    model, _ = train_dynamics(data, CONFIG)
     return data, model
 
 
