@@ -110,46 +110,73 @@ def _check_action_space(space: Any) -> None:
 
 
 class _LeafReader:
-    """Reads one dataset of every episode group, collecting the per-episode arrays."""
+    """Reads one dataset (by path) of every episode group and collects its bytes.
 
-    def __init__(self) -> None:
-        self.parts: list[npt.NDArray[Any]] = []
+    The first episode is read carefully: dtype, row shape, layout and filters are looked up.
+    When the dataset is chunked without filters (how Minari writes it), later episodes take the
+    fast path: open, then ``read_direct_chunk`` of chunk 0, accepted only when its length is
+    exactly ``rows * row_bytes`` (one chunk, no padding); anything else (several chunks, another
+    dtype or shape) falls back to the careful read. Minari writes every episode with the same
+    dataset options, so filters are looked up once per dataset name.
+    """
 
-    def read(self, group: Any, name: bytes, where: str) -> int:
+    def __init__(self, path: str) -> None:
+        self.path = path.encode()
+        self.parts: list[bytes] = []
+        self.dtype: np.dtype[Any] | None = None
+        self.row_shape: tuple[int, ...] = ()
+        self.row_bytes = 0
+        self.fast = False
+        self.origin: tuple[int, ...] = ()
+
+    def read(self, group: Any, rows: int | None, where: str) -> int:
+        """Read this dataset of one episode; ``rows`` is the expected row count, if known."""
         import h5py
 
         try:
-            dataset = h5py.h5d.open(group, name)
+            dataset = h5py.h5d.open(group, self.path)
         except KeyError as exc:
             raise DataError("missing in the HDF5 file", field=where) from exc
-        shape = dataset.shape
+        if self.fast and rows is not None:
+            _, raw = dataset.read_direct_chunk(self.origin)
+            if len(raw) == rows * self.row_bytes:
+                self.parts.append(raw)
+                return rows
+        return self._read_carefully(dataset, where)
+
+    def _read_carefully(self, dataset: Any, where: str) -> int:
+        import h5py
+
+        shape = tuple(dataset.shape)
         dtype = dataset.dtype
-        if shape[0] > 0 and dtype.isnative and dtype.kind in "fiub" and self._one_chunk(dataset):
-            # The whole dataset is one uncompressed chunk: its bytes are the array.
-            _, raw = dataset.read_direct_chunk((0,) * len(shape))
-            count = int(np.prod(shape))
-            if len(raw) >= count * dtype.itemsize:
-                self.parts.append(np.frombuffer(raw, dtype=dtype, count=count).reshape(shape))
-                return int(shape[0])
+        if self.dtype is None:
+            plist = dataset.get_create_plist()
+            self.dtype = dtype
+            self.row_shape = shape[1:]
+            self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * dtype.itemsize
+            self.origin = (0,) * len(shape)
+            self.fast = bool(
+                plist.get_layout() == h5py.h5d.CHUNKED
+                and plist.get_nfilters() == 0
+                and dtype.isnative
+                and dtype.kind in "fiub"
+            )
+        elif shape[1:] != self.row_shape:
+            raise DataError(
+                f"rows have shape {shape[1:]} here but {self.row_shape} in earlier episodes",
+                field=where,
+            )
         array = np.empty(shape, dtype=dtype)
         if array.size:
             dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, array)
-        self.parts.append(array)
+        self.parts.append(array.astype(self.dtype, copy=False).tobytes())
         return int(shape[0])
 
-    @staticmethod
-    def _one_chunk(dataset: Any) -> bool:
-        import h5py
-
-        plist = dataset.get_create_plist()
-        if plist.get_layout() != h5py.h5d.CHUNKED or plist.get_nfilters() != 0:
-            return False
-        chunk = plist.get_chunk()
-        shape = dataset.shape
-        return bool(chunk[0] >= shape[0] and tuple(chunk[1:]) == tuple(shape[1:]))
-
     def concatenate(self) -> npt.NDArray[Any]:
-        return np.concatenate(self.parts) if self.parts else np.empty(0)
+        if self.dtype is None:
+            return np.empty(0)
+        flat = np.frombuffer(b"".join(self.parts), dtype=self.dtype)
+        return flat.reshape((-1, *self.row_shape))
 
 
 def _read_hdf5_range(
@@ -171,14 +198,19 @@ def _read_hdf5_range(
         ) from exc
     with handle:
         root = handle.id
-        observation_readers = {leaf: _LeafReader() for leaf in observation_leaves}
-        step_readers = {key: _LeafReader() for key in _STEP_KEYS}
-        info_readers = {key: _LeafReader() for key in info_keys}
+        observation_readers = {
+            leaf: _LeafReader(f"observations/{leaf}" if leaf else "observations")
+            for leaf in observation_leaves
+        }
+        step_readers = {key: _LeafReader(key) for key in _STEP_KEYS}
+        info_readers = {key: _LeafReader(f"infos/{key}") for key in info_keys}
         lengths = np.empty(len(episode_ids), dtype=np.int64)
+        h5g_open = h5py.h5g.open
+        h5d_open = h5py.h5d.open
         for i, episode_id in enumerate(episode_ids):
             name = f"episode_{episode_id}"
             try:
-                group = h5py.h5g.open(root, name.encode())
+                group = h5g_open(root, name.encode())
             except KeyError as exc:
                 raise DataError("episode group missing", path=file_path, field=name) from exc
             except RuntimeError as exc:
@@ -186,20 +218,21 @@ def _read_hdf5_range(
                     f"cannot read episode group ({exc})", path=file_path, field=name
                 ) from exc
             try:
+                # The step count comes from one shape look-up; every other dataset is checked
+                # against it (exactly, through its byte length on the fast path).
+                length = int(h5d_open(group, b"rewards").shape[0])
+                steps = {
+                    key: reader.read(group, length, f"{name}/{key}")
+                    for key, reader in step_readers.items()
+                }
                 counts = {
                     leaf: reader.read(
-                        group,
-                        ("observations/" + leaf if leaf else "observations").encode(),
-                        f"{name}/observations{'/' + leaf if leaf else ''}",
+                        group, length + 1, f"{name}/observations{'/' + leaf if leaf else ''}"
                     )
                     for leaf, reader in observation_readers.items()
                 }
-                steps = {
-                    key: reader.read(group, key.encode(), f"{name}/{key}")
-                    for key, reader in step_readers.items()
-                }
                 info_counts = {
-                    key: reader.read(group, f"infos/{key}".encode(), f"{name}/infos/{key}")
+                    key: reader.read(group, length + 1, f"{name}/infos/{key}")
                     for key, reader in info_readers.items()
                 }
             except (OSError, RuntimeError) as exc:
@@ -211,7 +244,6 @@ def _read_hdf5_range(
                 ) from exc
             except DataError as exc:
                 raise DataError(str(exc), path=file_path, field=exc.field) from exc
-            length = steps["rewards"]
             for key, count in steps.items():
                 if count != length:
                     raise DataError(
