@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps "d4rl==1.1"
 	touch $(STAMP)
 
@@ -53,10 +53,15 @@ test: lint typecheck
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
-bench: install
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py
 
-bench-quick: install
+bench-quick: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py --quick
 
 clean:
