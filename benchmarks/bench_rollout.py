@@ -153,6 +153,62 @@ def _data_collector(
     return elapsed
 
 
+def _measure(
+    case: dict[str, Any], quick: bool, repeats: int, workdir: Path, reporter: Reporter
+) -> None:
+    env_id: str = case["env"]
+    max_steps = case["max_steps"]
+    checkpoint = _bc_checkpoint(workdir, env_id)
+    # Enough episodes that every batched policy call serves many environments.
+    episodes = (120 if quick else 600) if case["short"] else (16 if quick else 32)
+    # The baselines' step budget is what the rollout produces.
+    _, steps = _offaug_rollout(env_id, checkpoint, episodes, max_steps, workdir)
+    log(f"{env_id}: {episodes} episodes = {steps} steps per measurement")
+    times = interleave_many(
+        {
+            "offaug": lambda: _offaug_rollout(env_id, checkpoint, episodes, max_steps, workdir)[0],
+            "env_loop": lambda: _env_loop(env_id, steps, max_steps),
+            "collector": lambda: _data_collector(
+                env_id, checkpoint, steps, max_steps, workdir / "minari"
+            ),
+        },
+        repeats,
+    )
+    size = {"env": env_id, "steps": steps, "episodes": episodes, "n_envs": min(32, episodes)}
+    env_loop_rate = steps / sorted(times["env_loop"])[len(times["env_loop"]) // 2]
+    reporter.emit(
+        throughput_record(
+            benchmark=f"rollout_vs_env_loop_{env_id}",
+            unit="steps/s",
+            work=steps,
+            offaug_times=times["offaug"],
+            baseline_times=times["env_loop"],
+            baseline_name="gymnasium env.step(action_space.sample()) loop",
+            goal=0.9,
+            size=size,
+            notes=(
+                "offaug: batched BC policy (256x256), truncated-Gaussian noise, both "
+                "log-probs, weights, shard write; one core, torch and BLAS on 1 thread. "
+                "Episode lengths differ (BC policy vs random actions), so resets differ too."
+            ),
+            absolute={"env_loop_steps_per_s": env_loop_rate},
+        )
+    )
+    reporter.emit(
+        throughput_record(
+            benchmark=f"rollout_vs_data_collector_{env_id}",
+            unit="steps/s",
+            work=steps,
+            offaug_times=times["offaug"],
+            baseline_times=times["collector"],
+            baseline_name="minari.DataCollector + BC policy per step + create_dataset",
+            goal=case["goal_collector"],
+            size=size,
+            notes="same env, same BC policy and Gaussian noise; the collector records no infos",
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute")
@@ -170,60 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 3 if args.quick else 5
     with scratch_dir("rollout-") as workdir:
         for case in cases:
-            env_id = case["env"]
-            checkpoint = _bc_checkpoint(workdir, env_id)
-            episodes = (120 if args.quick else 600) if case["short"] else (16 if args.quick else 32)
-            # Calibrate the step budget of the baselines to what the rollout produces.
-            _, steps = _offaug_rollout(env_id, checkpoint, episodes, case["max_steps"], workdir)
-            log(f"{env_id}: {episodes} episodes = {steps} steps per measurement")
-            times = interleave_many(
-                {
-                    "offaug": lambda: _offaug_rollout(
-                        env_id, checkpoint, episodes, case["max_steps"], workdir
-                    )[0],
-                    "env_loop": lambda: _env_loop(env_id, steps, case["max_steps"]),
-                    "collector": lambda: _data_collector(
-                        env_id, checkpoint, steps, case["max_steps"], workdir / "minari"
-                    ),
-                },
-                repeats,
-            )
-            size = {
-                "env": env_id,
-                "steps": steps,
-                "episodes": episodes,
-                "n_envs": min(32, episodes),
-            }
-            reporter.emit(
-                throughput_record(
-                    benchmark=f"rollout_vs_env_loop_{env_id}",
-                    unit="steps/s",
-                    work=steps,
-                    offaug_times=times["offaug"],
-                    baseline_times=times["env_loop"],
-                    baseline_name="gymnasium env.step(action_space.sample()) loop",
-                    goal=0.9,
-                    size=size,
-                    notes="offaug: batched BC policy (256x256), truncated-Gaussian noise, both log-probs, weights, shard write; one core, torch 1 thread",
-                    absolute={
-                        "env_loop_steps_per_s": steps
-                        / sorted(times["env_loop"])[len(times["env_loop"]) // 2]
-                    },
-                )
-            )
-            reporter.emit(
-                throughput_record(
-                    benchmark=f"rollout_vs_data_collector_{env_id}",
-                    unit="steps/s",
-                    work=steps,
-                    offaug_times=times["offaug"],
-                    baseline_times=times["collector"],
-                    baseline_name="minari.DataCollector + BC policy per step + create_dataset",
-                    goal=case["goal_collector"],
-                    size=size,
-                    notes="same env, same BC policy and Gaussian noise; the collector records without infos",
-                )
-            )
+            _measure(case, args.quick, repeats, workdir, reporter)
     return 0
 
 
