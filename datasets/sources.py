@@ -200,10 +200,20 @@ def load_transitions(
         The transitions; from the cache or a shard set they are read-only memory maps.
     """
     resolved = resolve_source(source, download=download)
-    transitions = _load(resolved, cache, info_keys, max_episode_steps, workers, verify)
-    if check_finite:
+    transitions, known_finite = _load(
+        resolved, cache, info_keys, max_episode_steps, workers, verify
+    )
+    if check_finite and not known_finite:
         transitions.check_finite(origin=str(resolved.path))
     return transitions
+
+
+def _is_finite(transitions: Transitions) -> bool:
+    try:
+        transitions.check_finite()
+    except DataError:
+        return False
+    return True
 
 
 def _load(
@@ -213,35 +223,38 @@ def _load(
     max_episode_steps: int,
     workers: int | None,
     verify: bool,
-) -> Transitions:
+) -> tuple[Transitions, bool]:
+    """The transitions, and whether they are already known to be finite (cache manifest)."""
     if resolved.kind == "shards":
-        return ShardSet.open(resolved.path).load(verify=verify)
+        return ShardSet.open(resolved.path).load(verify=verify), False
     options: dict[str, Any] = {"info_keys": list(info_keys)}
     if resolved.kind == "d4rl":
         options["max_episode_steps"] = max_episode_steps
     if not cache:
-        return _read(
-            resolved, {**options, "workers": workers, "max_episode_steps": max_episode_steps}
-        )
+        read_options = {**options, "workers": workers, "max_episode_steps": max_episode_steps}
+        return _read(resolved, read_options), False
     entry = cache_root() / "transitions" / cache_key(resolved, options)
     if (entry / MANIFEST_NAME).is_file():
         try:
-            return ShardSet.open(entry).load(verify=verify)
+            cached = ShardSet.open(entry)
+            # Finiteness was checked when the entry was written (and the checksum holds).
+            return cached.load(verify=verify), bool(verify and cached.params.get("finite"))
         except DataError as exc:
             logger.warning("cache entry %s is unusable (%s); rebuilding it", entry, exc)
             shutil.rmtree(entry, ignore_errors=True)
     transitions = _read(
         resolved, {**options, "workers": workers, "max_episode_steps": max_episode_steps}
     )
+    finite = _is_finite(transitions)
     try:
         write_shard_set(
             transitions,
             entry,
             source={"kind": resolved.kind, "name": resolved.name, "path": str(resolved.path)},
-            params=options,
+            params={**options, "finite": finite},
             overwrite=True,
         )
     except OSError as exc:
         # A read-only or full cache must not stop the load itself.
         logger.warning("could not write the cache entry %s: %s", entry, exc)
-    return transitions
+    return transitions, finite
