@@ -145,3 +145,17 @@ def test_arrow_cache_key_follows_minari_updates(make_test_dataset, tmp_path: Pat
     os.utime(metadata_file)
     second = load_transitions(copy)
     assert len(second) == len(first) - int(last.sum())
+
+
+def test_cache_written_by_inspect_still_refuses_nan(make_test_dataset, tmp_path: Path) -> None:
+    import h5py
+
+    copy = tmp_path / "copy"
+    shutil.copytree(make_test_dataset("hopper", "hdf5").path, copy)
+    with h5py.File(copy / "data" / "main_data.hdf5", "r+") as handle:
+        rewards = handle["episode_1/rewards"]
+        rewards[0] = np.nan
+    counted = load_transitions(copy, check_finite=False)  # as `offaug inspect` loads
+    assert np.isnan(counted.rewards).any()
+    with pytest.raises(DataError, match="rewards"):
+        load_transitions(copy)  # served from that cache entry, and still refused
