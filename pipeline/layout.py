@@ -1,0 +1,102 @@
+"""The run directory: where every stage's outputs live, and the records stages pass on.
+
+::
+
+    RUN_DIR/
+      workflow.yaml        the resolved workflow (every default filled in)
+      stages.json          one record per finished stage: key, inputs, outputs, seconds, worker
+      metrics.json         training scores, weight statistics and diagnostics (documented schema)
+      report.html          the self-contained report
+      shards/augmented/    the augmented shard set (one shard per rollout task) + manifest
+      models/bc/           the BC policy (checkpoint.pt, metrics.jsonl, config.json)
+      models/dynamics.pt   the learned-dynamics ensemble (model backend only)
+      models/<algo>-<data>/  one training run per learner and data: original / augmented
+      logs/                stage logs
+
+Records are frozen dataclasses of paths, sizes and hashes, never arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetRef:
+    """The source dataset, ready to load with ``load_transitions``."""
+
+    source: str
+    """Minari id, Minari directory or D4RL file, as the workflow names it."""
+    rows: int
+    episodes: int
+    identity: str
+    """Cache key of the source's content and loader options."""
+    has_simulator_state: bool
+    """Whether it records infos/qpos and infos/qvel (branching from dataset states)."""
+    meta: dict[str, Any]
+    """Spaces, env spec and reference scores."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRef:
+    """A trained model's checkpoint."""
+
+    name: str
+    path: str
+    checksum: str
+    metrics: dict[str, Any]
+    """Final training metrics and evaluation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AugmentedRef:
+    """The augmented shard set."""
+
+    directory: str
+    rows: int
+    episodes: int
+    shards: int
+    manifest_checksum: str
+    weight_stats: dict[str, Any]
+    faults: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLayout:
+    """Paths inside one run directory."""
+
+    root: Path
+    shards_root: Path | None = None
+
+    @property
+    def workflow(self) -> Path:
+        return self.root / "workflow.yaml"
+
+    @property
+    def stages(self) -> Path:
+        return self.root / "stages.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def augmented(self) -> Path:
+        return (self.shards_root or self.root / "shards") / "augmented"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def model(self, name: str) -> Path:
+        return self.models / name

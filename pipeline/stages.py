@@ -1,0 +1,335 @@
+"""The pipeline's stages: plain functions from small records and config to small records.
+
+No stage imports Dask: :mod:`offaug.pipeline.graph` wires them into a graph, and a test calls
+any of them directly. Every stage writes its outputs atomically, so a stage that is killed and
+run again leaves no partial file and no duplicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.rollout import (
+    RolloutConfig,
+    RolloutShard,
+    merge_rollout_shards,
+    run_rollout_task,
+    split_tasks,
+)
+from offaug.pipeline.workflow import (
+    BCConfigModel,
+    DiagnosticsModel,
+    EvaluationModel,
+    RolloutModel,
+    SourceConfig,
+    TrainModel,
+)
+
+_STATE_KEYS = ["qpos", "qvel"]
+
+
+def _meta_subset(meta: Any) -> dict[str, Any]:
+    keys = (
+        "dataset_id",
+        "observation_space",
+        "action_space",
+        "env_spec",
+        "eval_env_spec",
+        "ref_min_score",
+        "ref_max_score",
+        "observation_keys",
+        "format",
+    )
+    return {k: meta.get(k) for k in keys}
+
+
+def prepare_source(config: SourceConfig) -> DatasetRef:
+    """Make the source dataset if it is missing and asked to, load it once (warming the cache)."""
+    from offaug.datasets.errors import DataError, DatasetNotFoundError
+    from offaug.datasets.generate import make_dataset
+    from offaug.datasets.sources import cache_key, load_transitions, resolve_source
+
+    try:
+        resolved = resolve_source(config.dataset, download=config.download)
+    except DatasetNotFoundError:
+        if config.make is None:
+            raise
+        make = config.make
+        make_dataset(
+            make.env,
+            config.dataset,
+            policy=make.policy,
+            steps=make.steps,
+            data_format=make.format,
+            seed=make.seed,
+            max_episode_steps=make.max_episode_steps,
+        )
+        resolved = resolve_source(config.dataset)
+    try:
+        data = load_transitions(config.dataset, info_keys=_STATE_KEYS)
+        has_state = True
+    except DataError:
+        # Datasets without simulator state still load; they just cannot be branched from.
+        data = load_transitions(config.dataset)
+        has_state = False
+    return DatasetRef(
+        source=config.dataset,
+        rows=len(data),
+        episodes=data.num_episodes,
+        identity=cache_key(resolved, {"info_keys": _STATE_KEYS if has_state else []}),
+        has_simulator_state=has_state,
+        meta=_meta_subset(data.meta),
+    )
+
+
+def _model_ref(name: str, checkpoint: Path, metrics: dict[str, Any]) -> ModelRef:
+    from offaug.datasets.shards import file_checksum
+
+    return ModelRef(
+        name=name, path=str(checkpoint), checksum=file_checksum(checkpoint), metrics=metrics
+    )
+
+
+def _last_metrics(run_dir: Path) -> dict[str, Any]:
+    lines = (
+        (run_dir / "metrics.jsonl").read_text().splitlines()
+        if (run_dir / "metrics.jsonl").is_file()
+        else []
+    )
+    train = [json.loads(x) for x in lines if '"kind": "train"' in x]
+    evals = [json.loads(x) for x in lines if '"kind": "eval"' in x]
+    return {"train": train[-1] if train else {}, "eval": evals[-1] if evals else None}
+
+
+def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> ModelRef:
+    """Behaviour cloning (Gaussian): the rollout policy and the behaviour model."""
+    from offaug.algorithms.train import TrainOptions, train
+
+    options = TrainOptions(
+        steps=config.steps,
+        seed=seed,
+        eval_every=0,
+        log_every=max(1, config.steps // 10),
+        checkpoint_every=config.steps,
+        threads=None,
+    )
+    learner = {
+        "policy": "gaussian",
+        "hidden": tuple(config.hidden),
+        "learning_rate": config.learning_rate,
+        "batch_size": config.batch_size,
+    }
+    result = train("bc", [data.source], out, config=learner, options=options)
+    return _model_ref("bc", result.checkpoint, _last_metrics(Path(out)))
+
+
+def rollout_tasks(
+    data: DatasetRef, bc: ModelRef, config: RolloutModel, out: str, seed: int
+) -> list[Any]:
+    """The rollout stage's tasks (references only), one shard each."""
+    start = config.start if data.has_simulator_state else "reset"
+    rollout_config = RolloutConfig(
+        episodes=config.episodes,
+        n_envs=config.n_envs,
+        noise=config.noise,
+        seed=seed,
+        max_weight=config.max_weight,
+        start=start,
+        max_episode_steps=config.max_episode_steps,
+    )
+    return split_tasks(data.source, bc.path, rollout_config, out, config.tasks, env_id=config.env)
+
+
+def rollout_task(task: Any) -> RolloutShard:
+    """One rollout task (see :func:`offaug.pipeline.rollout.run_rollout_task`)."""
+    return run_rollout_task(task)
+
+
+def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
+    """Fit the learned-dynamics ensemble (rollout backend 'model')."""
+    from offaug.datasets.sources import load_transitions
+    from offaug.pipeline.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+
+    dyn = config.dynamics
+    model, losses = train_dynamics(
+        load_transitions(data.source),
+        DynamicsConfig(
+            members=dyn.members,
+            hidden=tuple(dyn.hidden),
+            steps=dyn.steps,
+            horizon=dyn.horizon,
+            penalty=dyn.penalty,
+            seed=seed,
+        ),
+    )
+    path = save_dynamics(model, out)
+    return _model_ref("dynamics", path, losses)
+
+
+def model_rollout_task(
+    data: DatasetRef,
+    bc: ModelRef,
+    dynamics: ModelRef,
+    config: RolloutModel,
+    shard_path: str,
+    task_index: int,
+    seed: int,
+) -> RolloutShard:
+    """One task of model rollouts from random dataset states, written as one shard."""
+    from offaug.algorithms.train import load_trainer
+    from offaug.datasets.shards import write_shard
+    from offaug.datasets.sources import load_transitions
+    from offaug.pipeline.dynamics import load_dynamics, model_rollout
+    from offaug.pipeline.rollout import BCRolloutPolicy
+
+    original = load_transitions(data.source)
+    model = load_dynamics(dynamics.path)
+    model = _with_seed(model, seed * 1000 + task_index)
+    rng = np.random.default_rng(seed * 1000 + task_index)
+    starts = np.asarray(
+        original.observations[rng.integers(0, len(original), config.dynamics.starts)]
+    )
+    policy = BCRolloutPolicy(load_trainer(bc.path, device="cpu"))
+    meta = {
+        **data.meta,
+        "provenance": {
+            "source": data.source,
+            "policy": bc.path,
+            "policy_checkpoint_xxh3": bc.checksum,
+            "dynamics": dynamics.path,
+            "noise": config.noise,
+            "seed": seed,
+            "task_index": task_index,
+        },
+    }
+    out = model_rollout(
+        model, policy, starts, noise=config.noise, max_weight=config.max_weight, meta=meta
+    )
+    Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
+    ref = write_shard(out, shard_path)
+    bounds = out.episode_bounds()
+    returns = (
+        np.add.reduceat(out.rewards.astype(np.float64), bounds[:-1]) if len(out) else np.zeros(0)
+    )
+    return RolloutShard(ref, dict(out.meta["weight_stats"]), 0, tuple(float(r) for r in returns))
+
+
+def _with_seed(model: Any, seed: int) -> Any:
+    model.config = dataclasses.replace(model.config, seed=seed)
+    return model
+
+
+def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) -> AugmentedRef:
+    """Write the augmented shard set's manifest over the finished tasks."""
+    from offaug.datasets.shards import file_checksum
+
+    shard_set = merge_rollout_shards(
+        out,
+        results,
+        {
+            "noise": config.noise,
+            "max_weight": config.max_weight,
+            "backend": config.backend,
+            "episodes": config.episodes,
+            "tasks": config.tasks,
+        },
+    )
+    return AugmentedRef(
+        directory=shard_set.directory,
+        rows=shard_set.rows,
+        episodes=shard_set.episodes,
+        shards=len(shard_set.shards),
+        manifest_checksum=file_checksum(shard_set.manifest_path),
+        weight_stats=dict(shard_set.params["weight_stats"]),
+        faults=sum(r.faults for r in results),
+    )
+
+
+def train_offline(
+    algorithm: str,
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    out: str,
+    seed: int,
+    threads: int | None = None,
+) -> ModelRef:
+    """Train one learner on the original data, or on original + augmented data."""
+    from offaug.algorithms.train import TrainOptions, train
+
+    sources: list[Any] = [data.source]
+    mixing = None
+    use_weights = False
+    if augmented is not None:
+        sources.append(augmented.directory)
+        mixing = tuple(train_config.mixing)
+        use_weights = train_config.weighting
+    steps = train_config.steps
+    options = TrainOptions(
+        steps=steps,
+        seed=seed,
+        mixing=mixing,
+        use_weights=use_weights,
+        log_every=max(1, steps // 20),
+        eval_every=evaluation.every or steps,
+        eval_episodes=evaluation.episodes,
+        checkpoint_every=steps,
+        device=train_config.device,
+        threads=threads,
+    )
+    config = dict(train_config.configs.get(algorithm, {}))  # type: ignore[call-overload]
+    result = train(algorithm, sources, out, config=config, options=options)
+    name = f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
+    return _model_ref(name, result.checkpoint, _last_metrics(Path(out)))
+
+
+def diagnose_stage(
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    bc: ModelRef,
+    models: list[ModelRef],
+    config: DiagnosticsModel,
+    out: str,
+    seed: int,
+) -> dict[str, Any]:
+    """Distribution-shift diagnostics (see :mod:`offaug.pipeline.diagnostics`), as a dict."""
+    from offaug.pipeline.diagnostics import run_diagnostics
+
+    return run_diagnostics(data, augmented, bc, models, config, out, seed)
+
+
+def publish_stage(
+    data: DatasetRef, augmented: AugmentedRef | None, config: Any, provenance: dict[str, Any]
+) -> dict[str, Any]:
+    """Publish original and/or augmented data as a Minari dataset."""
+    from offaug.datasets.publish import publish_dataset
+    from offaug.datasets.shards import ShardSet
+    from offaug.datasets.sources import load_transitions
+
+    parts: list[Any] = []
+    if config.include in ("original", "both"):
+        parts.append(load_transitions(data.source))
+    if config.include in ("augmented", "both"):
+        if augmented is None:
+            raise ValueError("publish.include asks for augmented data but the run made none")
+        parts.append(ShardSet.open(augmented.directory))
+    published = publish_dataset(
+        parts,
+        config.dataset_id,
+        root=config.root,
+        data_format=config.format,
+        overwrite=config.overwrite,
+        provenance=provenance,
+    )
+    return {
+        "dataset_id": config.dataset_id,
+        "path": str(getattr(published, "path", "")),
+        "include": config.include,
+    }

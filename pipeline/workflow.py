@@ -1,0 +1,292 @@
+"""Workflow files: a YAML document validated by a pydantic schema.
+
+A workflow is data only: every choice is a ``Literal`` (no field can name a Python callable),
+unknown keys are errors, and an error names the field, its line in the file and the allowed
+values. ``offaug validate WORKFLOW`` runs this without running anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from offaug.pipeline.noise import NoiseSpecError, parse_noise
+
+Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MakeSource(_Strict):
+    """How to make the source dataset when it is missing (offaug make-dataset)."""
+
+    env: str = Field(description="Gymnasium env id, e.g. Hopper-v5.")
+    policy: Literal["random"] = Field("random", description="The generating policy.")
+    steps: int = Field(gt=0, description="Steps to collect (whole episodes).")
+    format: Literal["hdf5", "arrow"] = Field("hdf5", description="Minari storage format.")
+    seed: int = Field(0, description="Seed of resets and actions.")
+    max_episode_steps: int | None = Field(None, gt=0, description="Override the time limit.")
+
+
+class SourceConfig(_Strict):
+    """The dataset to augment."""
+
+    dataset: str = Field(
+        description="Minari id (under MINARI_DATASETS_PATH), Minari directory or D4RL .hdf5 file."
+    )
+    make: MakeSource | None = Field(None, description="Make the dataset first when it is missing.")
+    download: bool = Field(
+        False, description="Download a missing Minari dataset (needs a network)."
+    )
+
+
+class BCConfigModel(_Strict):
+    """Behaviour cloning: the rollout policy's warm start and the behaviour model."""
+
+    steps: int = Field(5000, gt=0, description="Gradient steps.")
+    hidden: tuple[int, ...] = Field((256, 256), description="Hidden layer widths.")
+    learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    batch_size: int = Field(256, gt=0, description="Transitions per step.")
+
+
+class DynamicsModel(_Strict):
+    """The learned-dynamics ensemble (rollout backend 'model')."""
+
+    members: int = Field(7, gt=0, description="Ensemble size.")
+    hidden: tuple[int, ...] = Field((200, 200, 200), description="Hidden widths.")
+    steps: int = Field(5000, gt=0, description="Training steps.")
+    horizon: int = Field(5, gt=0, description="Model rollout length H.")
+    penalty: float = Field(1.0, ge=0, description="MOPO's lambda.")
+    starts: int = Field(1000, gt=0, description="Dataset states to branch from per task.")
+
+
+class RolloutModel(_Strict):
+    """Noisy rollouts of the BC policy."""
+
+    backend: Literal["simulator", "model"] = Field(
+        "simulator", description="The dataset's simulator, or a learned dynamics ensemble."
+    )
+    noise: str = Field(
+        "gaussian:0.1",
+        description="gaussian:SIGMA, ou:SIGMA[:THETA], uniform, +epsilon:EPS, mixtures W*C+W*C.",
+    )
+    episodes: int = Field(100, gt=0, description="Episodes in total (simulator backend).")
+    tasks: int = Field(4, gt=0, description="Units of parallel work; one shard each.")
+    n_envs: int = Field(16, gt=0, description="Environments stepped together per task.")
+    start: Literal["reset", "dataset"] = Field(
+        "reset", description="Start from env resets or branch from dataset states."
+    )
+    max_weight: float = Field(100.0, gt=0, description="Importance weights are clipped here.")
+    max_episode_steps: int | None = Field(None, gt=0, description="Override the time limit.")
+    env: str | None = Field(None, description="Roll out in this env id instead of the dataset's.")
+    dynamics: DynamicsModel = Field(
+        default_factory=DynamicsModel, description="Model backend settings."
+    )
+
+    @field_validator("noise")
+    @classmethod
+    def _noise_parses(cls, value: str) -> str:
+        try:
+            parse_noise(value)
+        except NoiseSpecError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+
+class TrainModel(_Strict):
+    """The offline learners trained on original and original + augmented data."""
+
+    algorithms: tuple[Algorithm, ...] = Field(("cql", "bcq"), description="Learners to train.")
+    steps: int = Field(10_000, gt=0, description="Gradient steps per run.")
+    mixing: tuple[float, float] = Field(
+        (0.5, 0.5), description="Share of original and augmented rows per batch."
+    )
+    weighting: bool = Field(True, description="Weight augmented rows by their importance weights.")
+    baseline: bool = Field(True, description="Also train on the original data alone.")
+    configs: dict[Algorithm, dict[str, Any]] = Field(
+        default_factory=dict, description="Config overrides per learner (its documented fields)."
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Dask resources a training task needs, e.g. {GPU: 1}."
+    )
+    device: str | None = Field(
+        None, description="Torch device for training (default: cuda if present)."
+    )
+
+    @field_validator("mixing")
+    @classmethod
+    def _mixing_valid(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if min(value) < 0 or sum(value) <= 0:
+            raise ValueError("mixing needs two non-negative shares, not both zero")
+        return value
+
+
+class EvaluationModel(_Strict):
+    """Evaluation of trained policies in the environment."""
+
+    episodes: int = Field(5, gt=0, description="Episodes per evaluation.")
+    every: int = Field(
+        0, ge=0, description="Evaluate every N training steps too (0: only at the end)."
+    )
+
+
+class DiagnosticsModel(_Strict):
+    """Distribution-shift diagnostics."""
+
+    enabled: bool = Field(True, description="Run the diagnostics stage.")
+    k: int = Field(5, gt=0, description="Neighbours for the out-of-distribution score.")
+    quantile: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="OOD threshold: this quantile of the dataset's own k-NN distances.",
+    )
+    gamma: float = Field(0.99, gt=0, lt=1, description="Discount for Monte-Carlo returns.")
+    max_states: int = Field(5000, gt=0, description="States sampled for the k-NN and value checks.")
+
+
+class PublishModel(_Strict):
+    """Publishing the augmented dataset as a Minari dataset."""
+
+    dataset_id: str = Field(description="Minari id to write: [namespace/]name-vK.")
+    include: Literal["original", "augmented", "both"] = Field(
+        "both", description="Which data to publish."
+    )
+    format: Literal["hdf5", "arrow"] = Field("hdf5", description="Minari storage format.")
+    overwrite: bool = Field(False, description="Replace an existing dataset with this id.")
+    root: str | None = Field(None, description="Datasets root (default MINARI_DATASETS_PATH).")
+
+
+class ClusterModel(_Strict):
+    """Where the Dask graph runs."""
+
+    kind: Literal["local", "address", "slurm", "kubernetes"] = Field(
+        "local",
+        description="A LocalCluster, an existing scheduler, or one built with dask-jobqueue / dask-kubernetes.",
+    )
+    address: str | None = Field(
+        None, description="Scheduler address (tcp://HOST:PORT) for kind 'address'."
+    )
+    workers: int | None = Field(None, gt=0, description="Workers (local: default one per core).")
+    threads_per_worker: int = Field(1, gt=0, description="Threads per worker (and torch threads).")
+    memory_limit: str = Field("auto", description="Memory per worker.")
+    job: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments for the SLURM/Kubernetes cluster class.",
+    )
+
+    @model_validator(mode="after")
+    def _address_given(self) -> ClusterModel:
+        if self.kind == "address" and not self.address:
+            raise ValueError("cluster.kind 'address' needs cluster.address: tcp://HOST:PORT")
+        return self
+
+
+class Workflow(_Strict):
+    """An augmentation workflow: source -> BC -> rollouts -> train -> diagnose -> report -> publish."""
+
+    name: str = Field(description="A name for the run.")
+    seed: int = Field(0, description="Seed of every stage.")
+    source: SourceConfig
+    bc: BCConfigModel = Field(default_factory=BCConfigModel)
+    rollout: RolloutModel = Field(default_factory=RolloutModel)
+    train: TrainModel = Field(default_factory=TrainModel)
+    evaluation: EvaluationModel = Field(default_factory=EvaluationModel)
+    diagnostics: DiagnosticsModel = Field(default_factory=DiagnosticsModel)
+    publish: PublishModel | None = Field(None, description="Publish the result (omit to skip).")
+    cluster: ClusterModel = Field(default_factory=ClusterModel)
+    shards: str | None = Field(
+        None, description="Directory for shards every worker can reach (default RUN_DIR/shards)."
+    )
+
+    def digest(self) -> str:
+        """A stable hash of the resolved workflow."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class WorkflowError(ValueError):
+    """A workflow file that cannot be used; one line per problem, each with field and line."""
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of the YAML node at ``loc`` (the deepest key that exists)."""
+    line = None if node is None else node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+            key = next((k for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+            if match is None:
+                break
+            line = key.start_mark.line + 1 if key is not None else line
+            node = match
+        elif (
+            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
+        ):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def load_workflow(path: str | Path) -> Workflow:
+    """Read and validate a workflow file.
+
+    Raises:
+        WorkflowError: unreadable YAML, or fields that fail validation (each named with its
+            line and what is allowed).
+    """
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise WorkflowError(f"{file}: cannot read ({exc})") from exc
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WorkflowError(f"{file}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise WorkflowError(f"{file}: a workflow is a mapping of sections (name, source, ...)")
+    try:
+        return Workflow.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            loc = tuple(error["loc"])
+            field = ".".join(str(p) for p in loc) or "(top level)"
+            line = _line_of(node, loc)
+            where = f"{file}:{line}" if line else str(file)
+            message = error["msg"]
+            if error["type"] == "extra_forbidden":
+                parent = loc[:-1]
+                allowed = _allowed_fields(parent)
+                message = f"unknown key; allowed here: {', '.join(allowed)}"
+            lines.append(f"{where}: {field}: {message}")
+        raise WorkflowError("\n".join(lines)) from exc
+
+
+def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = Workflow
+    for part in loc:
+        field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = [
+            a
+            for a in getattr(annotation, "__args__", (annotation,))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
+        if not candidates:
+            return []
+        model = candidates[0]
+    return sorted(model.model_fields)
