@@ -7,6 +7,12 @@ The names most users need::
 
 from offaug.datasets.errors import ChecksumError, DataError, DatasetNotFoundError
 from offaug.datasets.generate import make_dataset
+from offaug.datasets.publish import (
+    PublishedDataset,
+    load_published,
+    publish_dataset,
+    verify_published,
+)
 from offaug.datasets.sampler import Batch, MixtureSampler, TorchBatch
 from offaug.datasets.shards import ShardRef, ShardSet, read_shard, write_shard, write_shard_set
 from offaug.datasets.sources import load_transitions, resolve_source
@@ -28,16 +34,20 @@ __all__ = [
     "DataError",
     "DatasetNotFoundError",
     "MixtureSampler",
+    "PublishedDataset",
     "ShardRef",
     "ShardSet",
     "Source",
     "TorchBatch",
     "Transitions",
     "concatenate",
+    "load_published",
     "load_transitions",
     "make_dataset",
+    "publish_dataset",
     "read_shard",
     "resolve_source",
+    "verify_published",
     "write_shard",
     "write_shard_set",
 ]

@@ -48,6 +48,7 @@ import dataclasses
 import importlib.metadata
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -64,6 +65,8 @@ from offaug.datasets.errors import DataError
 from offaug.datasets.paths import dataset_root, resolve_dataset_dir
 from offaug.datasets.shards import CHECKSUM_ALGORITHM, ShardSet, file_checksum
 from offaug.datasets.transitions import OPTIONAL_FIELDS, Source, Transitions
+
+logger = logging.getLogger(__name__)
 
 PublishFormat = Literal["hdf5", "arrow"]
 Part = Transitions | ShardSet
@@ -342,24 +345,25 @@ def _info_columns(infos: Sequence[_PartInfo]) -> list[_InfoColumn]:
     for name in OPTIONAL_FIELDS:
         if name in present:
             columns.append(_InfoColumn(name, name, _OPTIONAL_DTYPES[name], (), _MISSING_FILL[name]))
-    extras = list(infos[0].extras)
-    for info in infos[1:]:
-        if list(info.extras) != extras:
-            raise DataError(
-                f"part {info.index} has extras {list(info.extras)}, part 0 has {extras}",
-                field=f"parts[{info.index}].extras",
-                hint="every part must carry the same extra columns; drop or add them first",
-            )
+    # Extras are published when every part has them and they are named infos/KEY; others
+    # (derived columns such as a rollout's per-decision weights, which can be recomputed
+    # from the published log-probabilities) are left out, and said so in the log.
+    shared = [name for name in infos[0].extras if all(name in info.extras for info in infos)]
+    skipped = sorted({n for info in infos for n in info.extras} - set(shared))
     taken = {c.key for c in columns}
-    for name in extras:
+    extras = []
+    for name in shared:
         key = name.removeprefix(_EXTRA_INFO_PREFIX)
         if not name.startswith(_EXTRA_INFO_PREFIX) or not key or "/" in key or key in taken:
-            raise DataError(
-                "extras are published as step infos and must be named 'infos/KEY' (KEY without "
-                "'/', not the name of an optional column)",
-                field=f"extras[{name!r}]",
-                hint="rename the extra or drop it before publishing",
-            )
+            skipped.append(name)
+            continue
+        extras.append(name)
+    if skipped:
+        logger.warning(
+            "extras not published (not in every part, or not named infos/KEY): %s", skipped
+        )
+    for name in extras:
+        key = name.removeprefix(_EXTRA_INFO_PREFIX)
         taken.add(key)
         # Shapes and dtypes come from the first chunk; later chunks are checked against them.
         columns.append(_InfoColumn(key, name, np.dtype(np.float64), (), None))

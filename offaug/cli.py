@@ -184,6 +184,22 @@ def verify(
     """Check every shard of a shard set against its manifest; list the bad ones."""
     from offaug.datasets.shards import ShardSet
 
+    if (directory / "checksums.json").is_file() and not (directory / "manifest.json").is_file():
+        from offaug.datasets.publish import verify_published
+
+        problems = _run(lambda: verify_published(directory))
+        for name, problem in problems:
+            err_console.print(f"[bold red]bad file[/] {directory / name}: {problem}")
+        if problems:
+            raise typer.Exit(code=1)
+        console.print(f"{directory}: every file matches checksums.json")
+        return
+    if (directory / "stages.json").is_file():
+        directory = Path(
+            json.loads((directory / "stages.json").read_text())["stages"]["rollout"]["result"][
+                "directory"
+            ]
+        )
     shard_set = _run(lambda: ShardSet.open(directory))
     bad = shard_set.verify()
     for ref, problem in bad:
@@ -388,6 +404,273 @@ def rollout_command(
         f"clipped {stats['clipped_fraction']:.3f}, max weight {stats['max_weight']:.3g}, "
         f"{faults} fault(s)"
     )
+
+
+@app.command()
+def publish(
+    sources: Annotated[
+        list[str],
+        typer.Argument(
+            help="Parts in order: Minari ids/dirs, D4RL files, shard sets, or a run directory."
+        ),
+    ],
+    dataset_id: Annotated[
+        str, typer.Option("--dataset-id", help="Minari id to write: [namespace/]name-vK.")
+    ],
+    include: Annotated[
+        str, typer.Option(help="For a run directory: original, augmented or both.")
+    ] = "both",
+    data_format: Annotated[
+        StorageFormat, typer.Option("--format", help="Minari storage format.")
+    ] = StorageFormat.hdf5,
+    root: Annotated[
+        Path | None, typer.Option(help="Datasets root (default MINARI_DATASETS_PATH).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing dataset.")] = False,
+    info_key: Annotated[
+        list[str] | None,
+        typer.Option("--info-key", help="Also publish infos/KEY of Minari/D4RL sources."),
+    ] = None,
+    description: Annotated[str | None, typer.Option(help="Minari description.")] = None,
+    author: Annotated[str | None, typer.Option(help="Minari author.")] = None,
+    author_email: Annotated[str | None, typer.Option(help="Minari author email.")] = None,
+    code_permalink: Annotated[str | None, typer.Option(help="Minari code permalink.")] = None,
+    provenance: Annotated[
+        Path | None, typer.Option(help="YAML/JSON mapping kept as provenance.")
+    ] = None,
+    card: Annotated[
+        Path | None, typer.Option(help="Markdown appended to the dataset card.")
+    ] = None,
+    push: Annotated[
+        bool, typer.Option(help="Upload with Minari's upload path (needs a network).")
+    ] = False,
+) -> None:
+    """Publish original and/or augmented data as one Minari dataset (HDF5 or Arrow)."""
+    import functools
+
+    import yaml
+
+    from offaug.datasets.publish import publish_dataset
+    from offaug.datasets.shards import ShardSet
+    from offaug.datasets.sources import load_transitions, resolve_source
+
+    if include not in ("original", "augmented", "both"):
+        err_console.print(f"[bold red]error:[/] --include {include!r}: original, augmented or both")
+        raise typer.Exit(code=2)
+    expanded: list[str] = []
+    extra: dict[str, Any] = {}
+    for source in sources:
+        stages_file = Path(source) / "stages.json"
+        if stages_file.is_file():
+            # A run directory: its source dataset and/or its augmented shard set.
+            records = json.loads(stages_file.read_text()).get("stages", {})
+            if include in ("original", "both"):
+                expanded.append(records["source"]["result"]["source"])
+            if include in ("augmented", "both"):
+                expanded.append(records["rollout"]["result"]["directory"])
+            workflow_file = Path(source) / "workflow.yaml"
+            if workflow_file.is_file():
+                from offaug.pipeline.workflow import load_workflow
+
+                flow = load_workflow(workflow_file)
+                extra.update({"workflow": flow.name, "workflow_hash": flow.digest()})
+        else:
+            expanded.append(source)
+    parts: list[Any] = []
+    recorded: list[dict[str, Any]] = []
+    for source in expanded:
+        resolved = _run(functools.partial(resolve_source, source))
+        if resolved.kind == "shards":
+            shard_set = _run(functools.partial(ShardSet.open, resolved.path))
+            parts.append(shard_set)
+            recorded.append(
+                {
+                    "name": source,
+                    "kind": "shards",
+                    "source": dict(shard_set.source),
+                    "checksums": [ref.checksum for ref in shard_set.shards],
+                }
+            )
+        else:
+            parts.append(
+                _run(functools.partial(load_transitions, source, info_keys=info_key or ()))
+            )
+            recorded.append({"name": source, "kind": resolved.kind, "path": str(resolved.path)})
+    if provenance is not None:
+        try:
+            loaded = yaml.safe_load(provenance.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            err_console.print(f"[bold red]error:[/] {provenance}: cannot read YAML/JSON ({exc})")
+            raise typer.Exit(code=2) from exc
+        if not isinstance(loaded, dict):
+            err_console.print(f"[bold red]error:[/] {provenance}: must be a mapping")
+            raise typer.Exit(code=2)
+        extra.update(loaded)
+    published = _run(
+        functools.partial(
+            publish_dataset,
+            parts,
+            dataset_id,
+            root=root,
+            data_format=data_format.value,
+            overwrite=overwrite,
+            description=description,
+            author=author,
+            author_email=author_email,
+            code_permalink=code_permalink,
+            provenance={"sources": recorded, **extra},
+            card=card.read_text() if card is not None else None,
+        )
+    )
+    console.print(
+        f"published [bold]{published.dataset_id}[/]: {published.episodes} episodes, "
+        f"{published.steps} steps, {published.data_format} storage, at {published.path} "
+        f"(checksum {published.checksum})"
+    )
+    if push:
+        _push(published.dataset_id, root)
+
+
+def _push(dataset_id: str, root: Path | None) -> None:
+    """Upload with Minari's own upload path; the local dataset stays as it is on failure."""
+    import os
+
+    import minari
+
+    token = os.environ.get("HF_TOKEN")
+    try:
+        if root is not None:
+            os.environ["MINARI_DATASETS_PATH"] = str(root)
+        minari.upload_dataset(dataset_id, token)
+    except Exception as exc:
+        # Deliberately broad: the HTTP stack's errors are not part of Minari's API.
+        err_console.print(
+            f"[bold red]error:[/] could not upload {dataset_id} ({type(exc).__name__}: {exc}); "
+            "the local dataset is intact. Check the network and HF_TOKEN, then run "
+            f"`minari upload {dataset_id}`."
+        )
+        raise typer.Exit(code=1) from exc
+    console.print(f"uploaded {dataset_id}")
+
+
+@app.command()
+def validate(
+    workflow: Annotated[Path, typer.Argument(help="A workflow YAML file.")],
+) -> None:
+    """Check a workflow file without running it."""
+    from offaug.pipeline.workflow import WorkflowError, load_workflow
+
+    try:
+        loaded = load_workflow(workflow)
+    except WorkflowError as exc:
+        err_console.print(f"[bold red]invalid workflow[/]\n{exc}", highlight=False)
+        raise typer.Exit(code=2) from exc
+    console.print(f"{workflow}: valid ({loaded.name}, hash {loaded.digest()})")
+
+
+@app.command()
+def run(
+    workflow: Annotated[Path, typer.Argument(help="A workflow YAML file (see workflows/).")],
+    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/NAME).")] = None,
+    scheduler: Annotated[
+        str | None, typer.Option(help="Use this Dask scheduler (tcp://HOST:PORT).")
+    ] = None,
+    force: Annotated[
+        list[str] | None, typer.Option(help="Rerun this stage (and what depends on it).")
+    ] = None,
+) -> None:
+    """Run a workflow as a Dask graph: source, BC, rollouts, training, diagnostics, publish."""
+    from rich.live import Live
+
+    from offaug.pipeline.graph import StageFailed, run_workflow
+    from offaug.pipeline.workflow import WorkflowError, load_workflow
+
+    try:
+        loaded = load_workflow(workflow)
+    except WorkflowError as exc:
+        err_console.print(f"[bold red]invalid workflow[/]\n{exc}", highlight=False)
+        raise typer.Exit(code=2) from exc
+    run_dir = out or Path("runs") / loaded.name
+    states: dict[str, str] = {}
+
+    def render() -> Table:
+        table = Table(title=f"offaug run {loaded.name} -> {run_dir}", show_header=True)
+        table.add_column("stage")
+        table.add_column("state")
+        for stage, state in states.items():
+            table.add_row(stage, state)
+        return table
+
+    with Live(render(), console=console, refresh_per_second=4, transient=False) as live:
+
+        def on_event(stage: str, event: str, details: dict[str, Any]) -> None:
+            if event == "finished":
+                worker = details.get("worker") or "local"
+                states[stage] = f"[green]done[/] {details['seconds']:.1f} s on {worker}"
+            elif event == "skipped":
+                states[stage] = "[cyan]up to date (skipped)[/]"
+            else:
+                states[stage] = "[yellow]running[/]"
+            live.update(render())
+
+        try:
+            result = run_workflow(
+                loaded, run_dir, scheduler=scheduler, force=force or (), on_event=on_event
+            )
+        except StageFailed as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(code=1) from exc
+    if result.dashboard:
+        console.print(f"Dask dashboard was at {result.dashboard}")
+    _print_summary(result.run_dir)
+    compute = sum(result.stage_seconds.values())
+    console.print(
+        f"{len(result.executed)} stage(s) run, {len(result.skipped)} up to date; wall "
+        f"{result.wall_seconds:.1f} s, stage compute {compute:.1f} s; results in {result.run_dir}"
+    )
+
+
+def _print_summary(run_dir: Path) -> None:
+    metrics_path = run_dir / "metrics.json"
+    if not metrics_path.is_file():
+        return
+    metrics = json.loads(metrics_path.read_text())
+    table = Table(title="scores (normalised; return in brackets)")
+    table.add_column("learner")
+    table.add_column("original")
+    table.add_column("original + augmented")
+    training = metrics.get("training", {})
+    learners = sorted({name.rsplit("-", 1)[0] for name in training})
+
+    def cell(entry: dict[str, Any] | None) -> str:
+        if not entry or entry.get("return") is None:
+            return "-"
+        score = entry.get("normalised_score")
+        text = f"{score:.1f}" if score is not None else "n/a"
+        return f"{text} ({entry['return']:.1f})"
+
+    for learner in learners:
+        table.add_row(
+            learner,
+            cell(training.get(f"{learner}-original")),
+            cell(training.get(f"{learner}-augmented")),
+        )
+    console.print(table)
+    weights = metrics.get("weights") or {}
+    if weights:
+        console.print(
+            f"importance weights: ESS/N {weights.get('ess_fraction', 0):.3f}, clipped "
+            f"{weights.get('clipped_fraction', 0):.3f}, max {weights.get('max_weight', 0):.3g}"
+        )
+    diagnostics = metrics.get("diagnostics")
+    if diagnostics:
+        try:
+            from offaug.pipeline.report import headline
+
+            for name, value in headline(metrics):
+                console.print(f"{name}: {value}")
+        except ImportError:
+            pass
 
 
 def _tensorboard_writer(out: Path) -> Any:

@@ -146,9 +146,14 @@ def rollout_tasks(
     return split_tasks(data.source, bc.path, rollout_config, out, config.tasks, env_id=config.env)
 
 
-def rollout_task(task: Any) -> RolloutShard:
-    """One rollout task (see :func:`offaug.pipeline.rollout.run_rollout_task`)."""
-    return run_rollout_task(task)
+def rollout_shard(
+    data: DatasetRef, bc: ModelRef, config: RolloutModel, out: str, seed: int, task_index: int
+) -> RolloutShard:
+    """Task ``task_index`` of the rollout stage: roll out its episodes and write its shard."""
+    tasks = rollout_tasks(data, bc, config, out, seed)
+    if task_index >= len(tasks):
+        raise ValueError(f"rollout task {task_index} of {len(tasks)}: more tasks than episodes")
+    return run_rollout_task(tasks[task_index])
 
 
 def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:

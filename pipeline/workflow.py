@@ -90,6 +90,12 @@ class RolloutModel(_Strict):
         default_factory=DynamicsModel, description="Model backend settings."
     )
 
+    @model_validator(mode="after")
+    def _tasks_fit(self) -> RolloutModel:
+        if self.backend == "simulator" and self.tasks > self.episodes:
+            raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
+        return self
+
     @field_validator("noise")
     @classmethod
     def _noise_parses(cls, value: str) -> str:
