@@ -1,0 +1,234 @@
+"""The pipeline on real Dask processes: a scheduler and workers on 127.0.0.1.
+
+A session-wide cluster of one ``dask scheduler`` and two ``dask worker`` processes serves
+the tests; the failure test starts its own so that it can kill a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from offaug.datasets import ShardSet
+from offaug.pipeline.graph import run_workflow
+from offaug.pipeline.workflow import Workflow
+
+BIN = Path(sys.executable).parent
+
+
+def _workflow(tmp_path: Path, **overrides: Any) -> Workflow:
+    data: dict[str, Any] = {
+        "name": "graph-test",
+        "seed": 0,
+        "source": {
+            "dataset": "graph/hopper-v0",
+            "make": {"env": "Hopper-v5", "steps": 1500, "seed": 3, "max_episode_steps": 40},
+        },
+        "bc": {"steps": 60, "hidden": [16, 16], "batch_size": 64},
+        "rollout": {
+            "episodes": 8,
+            "tasks": 4,
+            "n_envs": 2,
+            "start": "dataset",
+            "noise": "gaussian:0.2",
+        },
+        "train": {
+            "algorithms": ["bc"],
+            "steps": 40,
+            "configs": {"bc": {"hidden": [16, 16], "batch_size": 32}},
+        },
+        "evaluation": {"episodes": 1},
+        "diagnostics": {"enabled": False},
+    }
+    for section, values in overrides.items():
+        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
+    return Workflow.model_validate(data)
+
+
+class Cluster:
+    """A real scheduler and workers started as processes."""
+
+    def __init__(self, directory: Path, workers: int) -> None:
+        self.directory = directory
+        self.scheduler_file = directory / "scheduler.json"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.scheduler = subprocess.Popen(
+            [
+                str(BIN / "dask"),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(self.scheduler_file),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(directory / "scheduler.log", "w"),
+            env=env,
+        )
+        deadline = time.time() + 60
+        while not self.scheduler_file.is_file() and time.time() < deadline:
+            time.sleep(0.2)
+        self.address = json.loads(self.scheduler_file.read_text())["address"]
+        self.workers = [
+            subprocess.Popen(
+                [
+                    str(BIN / "dask"),
+                    "worker",
+                    self.address,
+                    "--nthreads",
+                    "1",
+                    "--nworkers",
+                    "1",
+                    "--no-nanny",
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                    "--name",
+                    f"w{i}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=open(directory / f"worker{i}.log", "w"),
+                env=env,
+            )
+            for i in range(workers)
+        ]
+        from distributed import Client
+
+        self.client = Client(self.address, timeout="60s")
+        self.client.wait_for_workers(workers, timeout=120)
+
+    def close(self) -> None:
+        self.client.close()
+        for process in [*self.workers, self.scheduler]:
+            if process.poll() is None:
+                process.terminate()
+        for process in [*self.workers, self.scheduler]:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, minari_root: Path) -> Iterator[Cluster]:
+    started = Cluster(tmp_path_factory.mktemp("dask"), workers=2)
+    yield started
+    started.close()
+
+
+def test_runs_through_a_scheduler_address_and_skips_on_rerun(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    workflow = _workflow(tmp_path)
+    run_dir = tmp_path / "run"
+    first = run_workflow(workflow, run_dir, scheduler=cluster.address)
+    assert "rollout" in first.executed and not first.skipped
+    workers = {
+        r["worker"] for r in json.loads((run_dir / "stages.json").read_text())["stages"].values()
+    }
+    assert len(workers - {None}) == 2, "both worker processes took part"
+    shard_set = ShardSet.open(run_dir / "shards" / "augmented")
+    assert len(shard_set.shards) == 4 and shard_set.episodes == 8
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
+    assert (run_dir / "workflow.yaml").is_file()
+
+    again = run_workflow(workflow, run_dir, scheduler=cluster.address)
+    assert again.executed == []
+    assert set(again.skipped) == set(first.executed)
+
+    # One parameter changes: only what depends on it runs again.
+    noisier = _workflow(tmp_path, rollout={"noise": "gaussian:0.3"})
+    third = run_workflow(noisier, run_dir, scheduler=cluster.address)
+    assert {"source", "bc", "train:bc-original"} <= set(third.skipped)
+    assert {"rollout", "train:bc-augmented", "rollout:0"} <= set(third.executed)
+
+    forced = run_workflow(noisier, run_dir, scheduler=cluster.address, force=["bc"])
+    assert "bc" in forced.executed and "rollout:1" in forced.executed
+    assert "source" in forced.skipped and "train:bc-original" in forced.skipped
+
+
+def test_a_corrupted_output_is_regenerated(cluster: Cluster, tmp_path: Path) -> None:
+    workflow = _workflow(tmp_path)
+    run_dir = tmp_path / "run"
+    run_workflow(workflow, run_dir, scheduler=cluster.address)
+    victim = run_dir / "models" / "bc" / "checkpoint.pt"
+    victim.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
+    rerun = run_workflow(workflow, run_dir, scheduler=cluster.address)
+    assert "bc" in rerun.executed
+
+
+def test_a_killed_worker_does_not_lose_or_duplicate_shards(
+    minari_root: Path, tmp_path: Path
+) -> None:
+    started = Cluster(tmp_path, workers=2)
+    try:
+        workflow = _workflow(tmp_path, rollout={"episodes": 24, "tasks": 6, "n_envs": 2})
+        run_dir = tmp_path / "run"
+        killed: list[int] = []
+
+        def kill_during_rollouts() -> None:
+            deadline = time.time() + 240
+            stages_file = run_dir / "stages.json"
+            while time.time() < deadline:
+                if stages_file.is_file() and '"bc"' in stages_file.read_text():
+                    time.sleep(0.3)
+                    started.workers[1].send_signal(signal.SIGKILL)
+                    killed.append(started.workers[1].pid)
+                    return
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_during_rollouts)
+        killer.start()
+        result = run_workflow(workflow, run_dir, scheduler=started.address)
+        killer.join()
+        assert killed, "the worker was killed during the run"
+        shard_set = ShardSet.open(run_dir / "shards" / "augmented")
+        assert len(shard_set.shards) == 6
+        assert shard_set.episodes == 24
+        on_disk = sorted(p.name for p in (run_dir / "shards" / "augmented").glob("*.arrow"))
+        assert on_disk == sorted(Path(s.path).name for s in shard_set.shards)
+        assert not shard_set.verify()
+        assert shard_set.load().num_episodes == 24
+        assert result.executed
+    finally:
+        started.close()
+
+
+def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Path) -> None:
+    from offaug.pipeline.graph import StageFailed
+
+    workflow = _workflow(tmp_path, train={"resources": {"GPU": 1}})
+    with pytest.raises(StageFailed, match="GPU"):
+        run_workflow(workflow, tmp_path / "run", scheduler=cluster.address)
+
+
+def test_workflow_files_validate(tmp_path: Path) -> None:
+    from offaug.pipeline.workflow import WorkflowError, load_workflow
+
+    for path in sorted(Path("workflows").glob("*.yaml")):
+        load_workflow(path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {"name": "x", "source": {"dataset": "a-v0"}, "rollout": {"episodes": -1, "nosie": 1}}
+        )
+    )
+    with pytest.raises(WorkflowError) as info:
+        load_workflow(bad)
+    message = str(info.value)
+    assert "rollout.episodes" in message and "rollout.nosie" in message and "bad.yaml:" in message
