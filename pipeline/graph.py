@@ -283,11 +283,12 @@ def _check_resources(client: Any, workflow: Workflow) -> None:
         have = info.get("resources", {})
         if all(have.get(k, 0) >= v for k, v in wanted.items()):
             return
+    spec = " ".join(f"{k}={v:g}" for k, v in wanted.items())
     raise StageFailed(
         "train",
         RuntimeError(
             f"train.resources asks for {wanted} but no worker offers it; start workers with "
-            f'`dask worker ADDRESS --resources "{" ".join(f"{k}={v:g}" for k, v in wanted.items())}"`'
+            f'`dask worker ADDRESS --resources "{spec}"`'
         ),
     )
 

@@ -175,7 +175,10 @@ class ClusterModel(_Strict):
 
     kind: Literal["local", "address", "slurm", "kubernetes"] = Field(
         "local",
-        description="A LocalCluster, an existing scheduler, or one built with dask-jobqueue / dask-kubernetes.",
+        description=(
+            "A LocalCluster, an existing scheduler, or one built with dask-jobqueue / "
+            "dask-kubernetes."
+        ),
     )
     address: str | None = Field(
         None, description="Scheduler address (tcp://HOST:PORT) for kind 'address'."
@@ -196,7 +199,7 @@ class ClusterModel(_Strict):
 
 
 class Workflow(_Strict):
-    """An augmentation workflow: source -> BC -> rollouts -> train -> diagnose -> report -> publish."""
+    """An augmentation workflow: source, BC, rollouts, train, diagnose, report, publish."""
 
     name: str = Field(description="A name for the run.")
     seed: int = Field(0, description="Seed of every stage.")

@@ -57,11 +57,12 @@ def _workflow(tmp_path: Path, **overrides: Any) -> Workflow:
 
 
 class Cluster:
-    """A real scheduler and workers started as processes."""
+    """A real scheduler and workers started as processes (logs in the test's directory)."""
 
     def __init__(self, directory: Path, workers: int) -> None:
         self.directory = directory
         self.scheduler_file = directory / "scheduler.json"
+        self.logs: list[Any] = []
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.scheduler = subprocess.Popen(
             [
@@ -76,7 +77,7 @@ class Cluster:
                 str(self.scheduler_file),
             ],
             stdout=subprocess.DEVNULL,
-            stderr=open(directory / "scheduler.log", "w"),
+            stderr=self._log("scheduler.log"),
             env=env,
         )
         deadline = time.time() + 60
@@ -101,7 +102,7 @@ class Cluster:
                     f"w{i}",
                 ],
                 stdout=subprocess.DEVNULL,
-                stderr=open(directory / f"worker{i}.log", "w"),
+                stderr=self._log(f"worker{i}.log"),
                 env=env,
             )
             for i in range(workers)
@@ -110,6 +111,11 @@ class Cluster:
 
         self.client = Client(self.address, timeout="60s")
         self.client.wait_for_workers(workers, timeout=120)
+
+    def _log(self, name: str) -> Any:
+        handle = open(self.directory / name, "w")  # noqa: SIM115 - closed in close()
+        self.logs.append(handle)
+        return handle
 
     def close(self) -> None:
         self.client.close()
@@ -121,6 +127,8 @@ class Cluster:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+        for handle in self.logs:
+            handle.close()
 
 
 @pytest.fixture(scope="module")
