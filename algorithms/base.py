@@ -64,6 +64,7 @@ class Trainer(Protocol):
     """The interface every learner implements."""
 
     spaces: Spaces
+    config: Any
 
     def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
         """One gradient step on ``batch``; returns detached scalar metrics."""
@@ -114,8 +115,9 @@ def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.T
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """Polyak averaging ``target <- (1 - tau) * target + tau * source`` in one fused call."""
-    target_params = list(target.parameters())
-    torch._foreach_lerp_(target_params, list(source.parameters()), tau)
+    target_params: list[torch.Tensor] = list(target.parameters())
+    source_params: list[torch.Tensor] = list(source.parameters())
+    torch._foreach_lerp_(target_params, source_params, tau)
 
 
 def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
@@ -190,7 +192,9 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded safely."""
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike[str], map_location: str | torch.device = "cpu"
+) -> Checkpoint:
     """Load a checkpoint with ``weights_only=True``: a pickled object payload is refused.
 
     Raises:
@@ -223,6 +227,9 @@ def to_tensor(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
 
 class ActionNormaliser(nn.Module):
     """Maps Box actions to ``[-1, 1]`` inside the trainer (identity for discrete actions)."""
+
+    scale: torch.Tensor
+    offset: torch.Tensor
 
     def __init__(self, spaces: Spaces) -> None:
         super().__init__()

@@ -49,7 +49,7 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)  # type: ignore[no-any-return]
+        return self.net(x)
 
 
 class EnsembleLinear(nn.Module):

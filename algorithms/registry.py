@@ -44,7 +44,8 @@ def available() -> list[str]:
 def config_type(name: str) -> type[Any]:
     """The config dataclass of learner ``name``."""
     spec = _spec(name)
-    return getattr(importlib.import_module(spec.module), spec.config)  # type: ignore[no-any-return]
+    config: type[Any] = getattr(importlib.import_module(spec.module), spec.config)
+    return config
 
 
 def build(

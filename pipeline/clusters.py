@@ -33,7 +33,7 @@ def _slurm_kwargs(config: ClusterModel) -> dict[str, Any]:
 
 def slurm_job_script(config: ClusterModel) -> str:
     """The ``sbatch`` script one worker job would run."""
-    from dask_jobqueue import SLURMCluster
+    from dask_jobqueue.slurm import SLURMCluster
 
     cluster = SLURMCluster(**_slurm_kwargs(config))
     try:
@@ -63,7 +63,7 @@ def build_cluster(config: ClusterModel) -> Any:
     """Start the cluster and scale it to ``config.workers`` (default 2) workers."""
     workers = config.workers or 2
     if config.kind == "slurm":
-        from dask_jobqueue import SLURMCluster
+        from dask_jobqueue.slurm import SLURMCluster
 
         cluster = SLURMCluster(**_slurm_kwargs(config))
         cluster.scale(jobs=workers)

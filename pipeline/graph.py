@@ -174,7 +174,7 @@ class RunResult:
     dashboard: str | None
 
 
-class WorkerSetup(WorkerPlugin):  # type: ignore[misc]
+class WorkerSetup(WorkerPlugin):
     """A Dask worker plugin: pin torch and BLAS threads, flush denormals."""
 
     name = "offaug-worker-setup"

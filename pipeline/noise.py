@@ -141,7 +141,7 @@ def _truncnorm_sample(center: FloatArray, sigma: float, rng: np.random.Generator
     high = special.ndtr((1.0 - center) / sigma)
     u = rng.uniform(size=center.shape)
     p = np.clip(low + u * (high - low), 1e-12, 1 - 1e-12)
-    return np.clip(center + sigma * special.ndtri(p), -1.0, 1.0)
+    return np.asarray(np.clip(center + sigma * special.ndtri(p), -1.0, 1.0), dtype=np.float64)
 
 
 def truncnorm_log_prob(
@@ -154,7 +154,7 @@ def truncnorm_log_prob(
     z = (actions - center) / sigma
     log_pdf = -0.5 * z**2 - np.log(sigma) - _LOG_SQRT_2PI
     mass = special.ndtr((1.0 - center) / sigma) - special.ndtr((-1.0 - center) / sigma)
-    return np.sum(log_pdf - np.log(np.maximum(mass, 1e-300)), axis=-1)
+    return np.asarray(np.sum(log_pdf - np.log(np.maximum(mass, 1e-300)), axis=-1), dtype=np.float64)
 
 
 class ContinuousNoise:
@@ -207,7 +207,7 @@ class ContinuousNoise:
             choice = self.rng.choice(len(components), size=n, p=self._weights)
             actions = np.empty_like(mean)
             for k, component in enumerate(components):
-                rows = choice == k
+                rows = np.equal(choice, k)
                 if not rows.any():
                     continue
                 if component.kind == "uniform":
@@ -216,7 +216,7 @@ class ContinuousNoise:
                 else:
                     actions[rows] = _truncnorm_sample(centers[k][rows], component.sigma, self.rng)
         if self.spec.epsilon > 0:
-            explore = self.rng.uniform(size=n) < self.spec.epsilon
+            explore = np.less(self.rng.uniform(size=n), self.spec.epsilon)
             size = (int(explore.sum()), self.action_dim)
             actions[explore] = self.rng.uniform(-1.0, 1.0, size=size)
         log_prob = self.log_prob(actions, mean, centers)
@@ -245,7 +245,8 @@ class ContinuousNoise:
             return np.asarray(log_base)
         if epsilon >= 1:
             return np.full(n, self._log_uniform)
-        return np.logaddexp(math.log1p(-epsilon) + log_base, math.log(epsilon) + self._log_uniform)
+        mixed = np.logaddexp(math.log1p(-epsilon) + log_base, math.log(epsilon) + self._log_uniform)
+        return np.asarray(mixed, dtype=np.float64)
 
     def _advance_ou(self, actions: FloatArray, mean: FloatArray) -> None:
         # The OU state follows the realised deviation from the mean action, so the next

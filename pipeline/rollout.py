@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from offaug.algorithms.networks import LOG_STD_MAX, LOG_STD_MIN
 from offaug.pipeline.noise import ContinuousNoise, DiscreteNoise, parse_noise, truncnorm_log_prob
 
 logger = logging.getLogger(__name__)
@@ -119,19 +120,36 @@ class BCRolloutPolicy:
             )
         self.trainer = trainer
         self.discrete = trainer.spaces.discrete
+        # The frozen policy as numpy matrices: for a rollout step's small batch numpy's per-call
+        # overhead is half of torch's, and the loop never leaves numpy.
+        network = trainer.policy if self.discrete else trainer.policy.net
+        assert isinstance(network, torch.nn.Module)
+        self._layers = [
+            (
+                m.weight.detach().cpu().numpy().T.astype(np.float32).copy(),
+                m.bias.detach().cpu().numpy().astype(np.float32),
+            )
+            for m in network.modules()
+            if isinstance(m, torch.nn.Linear)
+        ]
         # The normaliser's affine map, in numpy: the rollout loop stays off torch between calls.
         self._scale = trainer.normaliser.scale.cpu().numpy().astype(np.float64)
         self._offset = trainer.normaliser.offset.cpu().numpy().astype(np.float64)
 
-    @torch.no_grad()
     def __call__(
         self, observations: npt.NDArray[np.float32]
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None]:
-        obs = torch.as_tensor(observations, dtype=torch.float32, device=self.trainer.device)
+        x = np.asarray(observations, dtype=np.float32)
+        last = len(self._layers) - 1
+        for k, (weight, bias) in enumerate(self._layers):
+            x = x @ weight + bias
+            if k < last:
+                np.maximum(x, 0.0, out=x)
+        out = x.astype(np.float64)
         if self.discrete:
-            return self.trainer.policy(obs).cpu().numpy().astype(np.float64), None
-        mean, log_std = self.trainer.policy.mean_log_std(obs)
-        return mean.cpu().numpy().astype(np.float64), log_std.cpu().numpy().astype(np.float64)
+            return out, None
+        mean, log_std = np.split(out, 2, axis=-1)
+        return np.tanh(mean), np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
 
     def to_env(self, actions: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if self.discrete:
@@ -327,8 +345,8 @@ def _rollout(
         else:
             active[i] = False
 
-    for i in range(n_envs):
-        start_episode(i)
+    for env_index in range(n_envs):
+        start_episode(env_index)
 
     while active.any():
         if len(faults) > config.max_faults:
@@ -345,10 +363,11 @@ def _rollout(
         if policy.discrete:
             logits = mean
             greedy = logits.argmax(-1)
-            actions, log_mu = noise.sample(greedy)  # type: ignore[arg-type]
+            assert isinstance(noise, DiscreteNoise)
+            discrete_actions, log_mu = noise.sample(greedy)
             log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
-            log_beta = np.take_along_axis(log_probs, actions[:, None], -1)[:, 0]
-            env_actions = actions
+            log_beta = np.take_along_axis(log_probs, discrete_actions[:, None], -1)[:, 0]
+            env_actions = discrete_actions
         else:
             assert isinstance(noise, ContinuousNoise) and log_std is not None
             # Only the active envs' OU states take part in this step.
@@ -357,7 +376,7 @@ def _rollout(
             actions, log_mu = noise.sample(mean)
             full_state[index] = noise.ou_state
             noise.ou_state = full_state
-            log_beta = truncnorm_log_prob(actions, mean, np.exp(log_std))  # type: ignore[arg-type]
+            log_beta = truncnorm_log_prob(actions, mean, np.exp(log_std))
             env_actions = policy.to_env(actions)
             log_mu = log_mu + policy.log_abs_det
             log_beta = log_beta + policy.log_abs_det
@@ -369,13 +388,13 @@ def _rollout(
         truncated_batch = np.zeros(n_active, dtype=bool)
         failed = np.zeros(n_active, dtype=bool)
         # The only per-environment Python work: the step itself and copying its result.
-        for j, i in enumerate(index):
+        for j, env_id in enumerate(index.tolist()):
             try:
-                next_obs, reward, terminated, truncated, _ = envs[i].step(env_actions[j])
+                next_obs, reward, terminated, truncated, _ = envs[env_id].step(env_actions[j])
             except Exception as exc:  # arbitrary environment code: end the episode, go on
-                faults.append(Fault(type(exc).__name__, str(exc), int(i), step_count))
+                faults.append(Fault(type(exc).__name__, str(exc), env_id, step_count))
                 logger.warning(
-                    "env %d raised %s at step %d: %s", i, type(exc).__name__, step_count, exc
+                    "env %d raised %s at step %d: %s", env_id, type(exc).__name__, step_count, exc
                 )
                 failed[j] = True
                 continue
@@ -384,7 +403,7 @@ def _rollout(
             terminated_batch[j] = terminated
             truncated_batch[j] = truncated
         finite = np.isfinite(next_batch).all(1) & np.isfinite(reward_batch)
-        for j in np.flatnonzero(~finite & ~failed):
+        for j in np.flatnonzero(~finite & ~failed).tolist():
             faults.append(
                 Fault("NonFinite", "NaN/inf observation or reward", int(index[j]), step_count)
             )
@@ -413,13 +432,13 @@ def _rollout(
         lengths[rows] = t + 1
         observations[rows] = next_batch[ok]
         # A failed step is not data: the episode ends at its previous step, as truncated.
-        for i in index[~ok]:
-            if lengths[i] > 0:
-                staging["timeouts"][i, lengths[i] - 1] = True
-            finish_episode(int(i))
+        for failed_env in index[~ok].tolist():
+            if lengths[failed_env] > 0:
+                staging["timeouts"][failed_env, lengths[failed_env] - 1] = True
+            finish_episode(failed_env)
         done = terminated_batch[ok] | truncated_batch[ok] | ended_by_limit
-        for i in rows[done]:
-            finish_episode(int(i))
+        for done_env in rows[done].tolist():
+            finish_episode(done_env)
     for env in envs:
         env.close()
 
