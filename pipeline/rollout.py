@@ -243,6 +243,7 @@ def rollout(
     *,
     start_states: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None,
     meta: Mapping[str, Any] | None = None,
+    close_envs: bool = True,
 ) -> RolloutResult:
     """Collect ``config.episodes`` noisy episodes.
 
@@ -252,13 +253,16 @@ def rollout(
         config: Episodes, environments, noise, seed, clipping, start states.
         start_states: ``(qpos, qvel)`` arrays to branch from when ``config.start == "dataset"``.
         meta: Copied into the result's ``Transitions.meta`` (spaces, env spec, provenance).
+        close_envs: Close the environments at the end (False when they come from a pool).
     """
     from threadpoolctl import threadpool_limits
 
     # Rollout steps multiply small matrices: a multi-threaded BLAS only spins (measured 25x
     # slower on a busy 2-core machine), so numpy's BLAS runs on one thread here.
     with threadpool_limits(limits=1):
-        return _rollout(policy, env_factory, config, start_states=start_states, meta=meta)
+        return _rollout(
+            policy, env_factory, config, start_states=start_states, meta=meta, close_envs=close_envs
+        )
 
 
 def _rollout(
@@ -268,6 +272,7 @@ def _rollout(
     *,
     start_states: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None,
     meta: Mapping[str, Any] | None,
+    close_envs: bool,
 ) -> RolloutResult:
     from offaug.datasets.transitions import Source, Transitions
 
@@ -439,8 +444,9 @@ def _rollout(
         done = terminated_batch[ok] | truncated_batch[ok] | ended_by_limit
         for done_env in rows[done].tolist():
             finish_episode(done_env)
-    for env in envs:
-        env.close()
+    if close_envs:
+        for env in envs:
+            env.close()
 
     data = output.result()
     lengths_array = np.asarray(episode_lengths, dtype=np.int64)
@@ -526,6 +532,10 @@ def dataset_start_states(transitions: Any) -> tuple[npt.NDArray[Any], npt.NDArra
     return None
 
 
+# Environments kept by each worker process between rollout tasks, keyed by env spec.
+_ENV_POOL: dict[str, list[Any]] = {}
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutTask:
     """One unit of rollout work: a reference, not data, so it can travel to a Dask worker."""
@@ -591,13 +601,26 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
         "env_id": task.env_id,
         "task_index": task.task_index,
     }
+    pool_key = json.dumps([data.meta.get("env_spec"), task.env_id, kwargs], sort_keys=True)
+    pool = _ENV_POOL.setdefault(pool_key, [])
+    taken: list[Any] = []
+
+    def pooled_env() -> Any:
+        env = pool.pop() if pool else make_env(data.meta, task.env_id, **kwargs)
+        taken.append(env)
+        return env
+
     result = rollout(
         policy,
-        lambda: make_env(data.meta, task.env_id, **kwargs),
+        pooled_env,
         task.config,
         start_states=dataset_start_states(data) if task.config.start == "dataset" else None,
         meta=meta,
+        close_envs=False,
     )
+    # Back to this process's pool: the next task on this worker skips building them (every
+    # episode starts with a seeded reset, so no state carries over).
+    pool.extend(taken)
     shard_path = Path(task.shard_path)
     shard_path.parent.mkdir(parents=True, exist_ok=True)
     save_faults(result, shard_path.parent / f"{shard_path.stem}.faults") if result.faults else None

@@ -1,0 +1,173 @@
+"""Pipeline scaling and orchestration overhead.
+
+* ``rollout_stage_2_vs_1_workers``: the rollout stage's tasks (real Hopper-v5 rollouts of a BC
+  policy, one shard each) on a LocalCluster of two single-threaded worker processes against
+  one, on this 2-core machine. Both clusters are warmed up (modules imported) before timing.
+* ``orchestration_overhead``: a small end-to-end workflow through ``run_workflow`` on a fresh
+  LocalCluster; the overhead is the wall time minus the critical path of the stages' own
+  compute time (the longest chain of dependent stages), as a share of the wall time. The
+  issue's literal figure, wall minus the *sum* of stage times, is reported beside it; with
+  parallel stages it can be negative.
+
+Usage: ``python benchmarks/bench_pipeline.py [--quick]``; JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Reporter, log, protect_stdout, scratch_dir
+
+
+def _workflow(root: Path, quick: bool, tasks: int, episodes: int) -> Any:
+    from offaug.pipeline.workflow import Workflow
+
+    return Workflow.model_validate(
+        {
+            "name": "bench-pipeline",
+            "source": {
+                "dataset": "bench/pipeline-hopper-v0",
+                "make": {"env": "Hopper-v5", "steps": 3000, "seed": 0},
+            },
+            "bc": {"steps": 300 if quick else 1000, "hidden": [64, 64]},
+            "rollout": {"episodes": episodes, "tasks": tasks, "n_envs": 8, "start": "dataset"},
+            "train": {
+                "algorithms": ["bc"],
+                "steps": 500 if quick else 2000,
+                "configs": {"bc": {"hidden": [64, 64]}},
+            },
+            "evaluation": {"episodes": 2},
+            "diagnostics": {"enabled": False},
+            "shards": str(root / "shards"),
+        }
+    )
+
+
+def _critical_path(stages: dict[str, Any]) -> float:
+    memo: dict[str, float] = {}
+
+    def finish(name: str) -> float:
+        if name not in memo:
+            record = stages[name]
+            before = max((finish(i) for i in record.get("inputs", []) if i in stages), default=0.0)
+            memo[name] = before + float(record.get("seconds") or 0.0)
+        return memo[name]
+
+    return max((finish(n) for n in stages), default=0.0)
+
+
+def _rollout_stage(client: Any, data: Any, bc: Any, config: Any, out: Path) -> float:
+    from offaug.pipeline import stages
+
+    start = time.perf_counter()
+    futures = [
+        client.submit(stages.rollout_shard, data, bc, config, str(out), 0, i, pure=False)
+        for i in range(config.tasks)
+    ]
+    client.gather(futures)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="about a minute")
+    args = parser.parse_args(argv)
+    out = protect_stdout()
+    reporter = Reporter(out)
+    from distributed import Client, LocalCluster
+
+    from offaug.pipeline import stages
+    from offaug.pipeline.graph import WorkerSetup, run_workflow
+
+    tasks, episodes = (4, 80) if args.quick else (8, 320)
+    repeats = 3 if args.quick else 5
+    with scratch_dir("pipeline-") as root:
+        os.environ["MINARI_DATASETS_PATH"] = str(root / "minari")
+        os.environ["OFFAUG_CACHE_DIR"] = str(root / "cache")
+        workflow = _workflow(root, args.quick, tasks, episodes)
+        # Orchestration overhead: one full run on a fresh LocalCluster (its start included).
+        log("end-to-end workflow for the orchestration overhead")
+        result = run_workflow(workflow, root / "run")
+        records = json.loads((root / "run" / "stages.json").read_text())["stages"]
+        critical = _critical_path(records)
+        total = sum(float(r.get("seconds") or 0.0) for r in records.values())
+        overhead = (result.wall_seconds - critical) / result.wall_seconds
+        reporter.emit(
+            {
+                "benchmark": "orchestration_overhead",
+                "unit": "share of wall time",
+                "offaug": overhead,
+                "baseline": result.wall_seconds,
+                "baseline_name": "wall time of the run (s)",
+                "ratio": overhead,
+                "goal": 0.10,
+                "goal_direction": "at most",
+                "repeats": 1,
+                "size": {"stages": len(records), "tasks": tasks, "episodes": episodes},
+                "absolute": {
+                    "wall_s": result.wall_seconds,
+                    "critical_path_s": critical,
+                    "sum_of_stage_compute_s": total,
+                    "wall_minus_sum_share": (result.wall_seconds - total) / result.wall_seconds,
+                },
+                "notes": (
+                    "overhead = (wall - critical path of stage compute) / wall, LocalCluster "
+                    "start and shutdown included; lower is better"
+                ),
+            }
+        )
+        data = stages.prepare_source(workflow.source)
+        bc = json.loads(json.dumps(records["bc"]["result"]))
+        from offaug.pipeline.layout import ModelRef
+
+        bc_ref = ModelRef(**{k: v for k, v in bc.items() if k != "__type__"})
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for workers in (1, 2):
+            with (
+                LocalCluster(
+                    n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+                ) as cluster,
+                Client(cluster) as client,
+            ):
+                client.register_plugin(WorkerSetup(1))
+                _rollout_stage(client, data, bc_ref, workflow.rollout, root / f"warm{workers}")
+                for repeat in range(repeats):
+                    times[workers].append(
+                        _rollout_stage(
+                            client, data, bc_ref, workflow.rollout, root / f"r{workers}-{repeat}"
+                        )
+                    )
+                log(f"{workers} worker(s): {sorted(times[workers])}")
+        one = sorted(times[1])[len(times[1]) // 2]
+        two = sorted(times[2])[len(times[2]) // 2]
+        reporter.emit(
+            {
+                "benchmark": "rollout_stage_2_vs_1_workers",
+                "unit": "stage runs/s",
+                "offaug": 1.0 / two,
+                "baseline": 1.0 / one,
+                "baseline_name": "the same stage on a 1-worker LocalCluster",
+                "ratio": one / two,
+                "goal": 1.7,
+                "repeats": repeats,
+                "size": {"tasks": tasks, "episodes": episodes, "env": "Hopper-v5", "n_envs": 8},
+                "seconds": {"two_workers_median": two, "one_worker_median": one},
+                "notes": (
+                    "2-core machine; each worker one process, one torch/BLAS thread; "
+                    "clusters warmed up first"
+                ),
+            }
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
