@@ -292,42 +292,10 @@ def bench_load(
 
 
 def d3rlpy_arrays(transitions: Any) -> Arrays:
-    """offaug's transitions as the flat per-step arrays d3rlpy's ``MDPDataset`` wants.
+    """offaug's transitions as d3rlpy's flat arrays (see ``offaug.datasets.interop``)."""
+    from offaug.datasets.interop import to_d3rlpy_arrays
 
-    d3rlpy cuts an episode after each step flagged terminal or timeout and takes a step's next
-    observation from the following row. A terminal step gets a zero next observation (unused:
-    no bootstrapping). The last step of a *truncated* episode has no following row, so d3rlpy
-    would drop it; here each such episode gets one extra row holding its true final next
-    observation (zero action and reward) carrying the timeout flag, so d3rlpy samples exactly
-    offaug's N transitions with their true next observations.
-    """
-    bounds = transitions.episode_bounds()
-    starts, stops = bounds[:-1], bounds[1:]
-    last = stops - 1
-    padded = ~transitions.terminals[last]
-    shift = np.concatenate(([0], np.cumsum(padded)[:-1]))
-    rows = len(transitions) + int(padded.sum())
-    position = np.arange(len(transitions)) + np.repeat(shift, stops - starts)
-    extra = last[padded] + shift[padded] + 1
-
-    def spread(values: npt.NDArray[Any], dtype: Any) -> npt.NDArray[Any]:
-        out = np.zeros((rows, *values.shape[1:]), dtype=dtype)
-        out[position] = values
-        return out
-
-    observations = spread(transitions.observations, np.float32)
-    observations[extra] = transitions.next_observations[last[padded]]
-    terminals = np.zeros(rows, dtype=np.float32)
-    terminals[position[last[~padded]]] = 1.0
-    timeouts = np.zeros(rows, dtype=np.float32)
-    timeouts[extra] = 1.0
-    return {
-        "observations": observations,
-        "actions": spread(transitions.actions, np.float32),
-        "rewards": spread(transitions.rewards, np.float32),
-        "terminals": terminals,
-        "timeouts": timeouts,
-    }
+    return to_d3rlpy_arrays(transitions)
 
 
 def bench_sample(

@@ -408,3 +408,33 @@ def test_refuses_what_minari_cannot_hold(make_test_dataset, fresh_id: str) -> No
     with pytest.raises(DataError, match="dtype"):
         publish_dataset([original], fresh_id, observation_space=integer_box)
     assert not (Path(os.environ["MINARI_DATASETS_PATH"]) / fresh_id).exists()
+
+
+def test_d3rlpy_trains_on_a_published_dataset_through_the_recipe(
+    make_test_dataset, fresh_id: str
+) -> None:
+    import d3rlpy
+
+    from offaug.datasets.interop import to_d3rlpy
+
+    original = load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
+    publish_dataset([original], fresh_id)
+    published = load_transitions(fresh_id)
+    dataset = to_d3rlpy(published)
+    assert dataset.transition_count == len(published)
+    batch = dataset.sample_transition_batch(64)
+    assert batch.observations.shape == (64, published.observations.shape[1])
+    cql = d3rlpy.algos.CQLConfig(
+        batch_size=32,
+        actor_encoder_factory=d3rlpy.models.VectorEncoderFactory([16]),
+        critic_encoder_factory=d3rlpy.models.VectorEncoderFactory([16]),
+    ).create(device="cpu:0")
+    cql.fit(
+        dataset,
+        n_steps=5,
+        n_steps_per_epoch=5,
+        show_progress=False,
+        save_interval=10**9,
+        logger_adapter=d3rlpy.logging.NoopAdapterFactory(),
+    )
+    assert cql.predict(published.observations[:3]).shape == (3, 3)
