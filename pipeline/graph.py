@@ -33,15 +33,18 @@ from typing import Any
 import yaml
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from offaug.datasets.shards import file_checksum, write_json_atomic
+from offaug.datasets.shards import ShardRef, file_checksum, write_json_atomic
 from offaug.pipeline import stages
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
+from offaug.pipeline.rollout import RolloutShard
 from offaug.pipeline.workflow import Workflow
 
 RESULT_TYPES: dict[str, type[Any]] = {
     "DatasetRef": DatasetRef,
     "ModelRef": ModelRef,
     "AugmentedRef": AugmentedRef,
+    "RolloutShard": RolloutShard,
+    "ShardRef": ShardRef,
 }
 
 
@@ -75,7 +78,13 @@ def _from_json(value: Any) -> Any:
     if isinstance(value, dict) and "__type__" in value:
         kind = RESULT_TYPES.get(value["__type__"])
         fields = {k: _from_json(v) for k, v in value.items() if k != "__type__"}
-        return kind(**fields) if kind is not None else fields
+        if kind is None:
+            return fields
+        # JSON has no tuples: restore the dataclass fields that are tuples.
+        for field in dataclasses.fields(kind):
+            if isinstance(fields.get(field.name), list) and "tuple" in str(field.type):
+                fields[field.name] = tuple(fields[field.name])
+        return kind(**fields)
     if isinstance(value, list):
         return [_from_json(v) for v in value]
     if isinstance(value, dict):
@@ -87,6 +96,9 @@ def _outputs_verify(result: Any) -> bool:
     """Whether a recorded result's files are still there and unchanged."""
     if isinstance(result, ModelRef):
         return Path(result.path).is_file() and file_checksum(result.path) == result.checksum
+    if isinstance(result, RolloutShard):
+        shard = result.shard
+        return Path(shard.path).is_file() and file_checksum(shard.path) == shard.checksum
     if isinstance(result, AugmentedRef):
         manifest = Path(result.directory) / "manifest.json"
         if not manifest.is_file() or file_checksum(manifest) != result.manifest_checksum:

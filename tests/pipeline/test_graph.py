@@ -81,9 +81,12 @@ class Cluster:
             env=env,
         )
         deadline = time.time() + 60
-        while not self.scheduler_file.is_file() and time.time() < deadline:
-            time.sleep(0.2)
-        self.address = json.loads(self.scheduler_file.read_text())["address"]
+        self.address = ""
+        while not self.address and time.time() < deadline:
+            try:
+                self.address = json.loads(self.scheduler_file.read_text())["address"]
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                time.sleep(0.2)
         self.workers = [
             subprocess.Popen(
                 [
