@@ -59,8 +59,13 @@ def read_metadata(data_dir: Path) -> dict[str, Any]:
     path = data_dir / "metadata.json"
     try:
         return dict(json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"cannot read Minari metadata ({exc})", path=path) from exc
+    except (OSError, ValueError) as exc:
+        # ValueError covers JSON syntax errors and bytes that are not UTF-8.
+        raise DataError(
+            f"cannot read Minari metadata ({exc})",
+            path=path,
+            hint="the file is corrupted; re-download or regenerate the dataset",
+        ) from exc
 
 
 def _spaces(metadata: dict[str, Any], data_dir: Path) -> tuple[Any, Any]:
@@ -72,6 +77,12 @@ def _spaces(metadata: dict[str, Any], data_dir: Path) -> tuple[Any, Any]:
     except KeyError as exc:
         raise DataError(
             "metadata has no serialised space", path=data_dir / "metadata.json", field=str(exc)
+        ) from exc
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise DataError(
+            f"cannot parse the serialised spaces ({exc})",
+            path=data_dir / "metadata.json",
+            field="observation_space/action_space",
         ) from exc
     return observation_space, action_space
 
@@ -213,9 +224,12 @@ def _read_hdf5_range(
                 group = h5g_open(root, name.encode())
             except KeyError as exc:
                 raise DataError("episode group missing", path=file_path, field=name) from exc
-            except RuntimeError as exc:
+            except (RuntimeError, ValueError, OSError) as exc:
                 raise DataError(
-                    f"cannot read episode group ({exc})", path=file_path, field=name
+                    f"cannot read episode group ({exc})",
+                    path=file_path,
+                    field=name,
+                    hint="the file is truncated or corrupted; re-download or regenerate it",
                 ) from exc
             try:
                 # The step count comes from one shape look-up; every other dataset is checked
@@ -235,15 +249,15 @@ def _read_hdf5_range(
                     key: reader.read(group, length + 1, f"{name}/infos/{key}")
                     for key, reader in info_readers.items()
                 }
-            except (OSError, RuntimeError) as exc:
+            except DataError as exc:
+                raise DataError(str(exc), path=file_path, field=exc.field) from exc
+            except (OSError, RuntimeError, ValueError, KeyError, TypeError) as exc:
                 raise DataError(
-                    f"cannot read episode data ({exc})",
+                    f"cannot read episode data ({type(exc).__name__}: {exc})",
                     path=file_path,
                     field=name,
                     hint="the file is truncated or corrupted; re-download or regenerate it",
                 ) from exc
-            except DataError as exc:
-                raise DataError(str(exc), path=file_path, field=exc.field) from exc
             for key, count in steps.items():
                 if count != length:
                     raise DataError(
@@ -301,6 +315,35 @@ def _read_range(
     info_keys: Sequence[str],
 ) -> dict[str, Any]:
     """Read some episodes of a dataset: the unit of work of one process."""
+    try:
+        return _read_range_unchecked(data_format, data_dir, episode_ids, layout, info_keys)
+    except DataError:
+        raise
+    except (
+        OSError,
+        RuntimeError,
+        ValueError,
+        KeyError,
+        TypeError,
+        IndexError,
+        NotImplementedError,
+    ) as exc:
+        # A corrupted file can fail anywhere inside h5py or pyarrow; pyarrow's exceptions
+        # derive from these built-in ones.
+        raise DataError(
+            f"cannot read the stored episodes ({type(exc).__name__}: {exc})",
+            path=data_dir,
+            hint="a file is truncated or corrupted; re-download or regenerate the dataset",
+        ) from exc
+
+
+def _read_range_unchecked(
+    data_format: str,
+    data_dir: str,
+    episode_ids: Sequence[int],
+    layout: Sequence[tuple[str, tuple[int, ...]]],
+    info_keys: Sequence[str],
+) -> dict[str, Any]:
     if data_format == "hdf5":
         leaves = [leaf for leaf, _ in layout]
         return _read_hdf5_range(str(Path(data_dir) / _HDF5_FILE), episode_ids, leaves, info_keys)

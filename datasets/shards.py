@@ -210,21 +210,28 @@ def read_shard(
                 hint="the file is corrupted or was modified; delete it and regenerate the shard",
             )
     try:
-        source = pa.memory_map(str(file), "r")
-        reader = pa.ipc.open_file(source)
-        schema = reader.schema
-        if reader.num_record_batches != 1:
-            raise DataError(
-                f"holds {reader.num_record_batches} record batches; offaug shards hold one",
-                path=file,
-            )
-        batch = reader.get_batch(0)
-    except (pa.ArrowInvalid, OSError) as exc:
+        return _decode_shard(file)
+    except DataError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+        # A corrupted file can fail anywhere in Arrow's decoding or in its JSON metadata.
         raise DataError(
-            f"not a readable Arrow IPC file ({exc})",
+            f"not a readable offaug shard ({type(exc).__name__}: {exc})",
             path=file,
             hint="the file is truncated or corrupted; regenerate it",
         ) from exc
+
+
+def _decode_shard(file: Path) -> Transitions:
+    source = pa.memory_map(str(file), "r")
+    reader = pa.ipc.open_file(source)
+    schema = reader.schema
+    if reader.num_record_batches != 1:
+        raise DataError(
+            f"holds {reader.num_record_batches} record batches; offaug shards hold one",
+            path=file,
+        )
+    batch = reader.get_batch(0)
     version = int((schema.metadata or {}).get(_SCHEMA_KEY, b"0"))
     if version != SCHEMA_VERSION:
         raise DataError(
@@ -246,7 +253,10 @@ def read_shard(
     missing = [name for name in REQUIRED_FIELDS if name not in columns]
     if missing:
         raise DataError(f"required columns missing: {missing}", path=file)
-    return Transitions(**columns, extras=extras, meta=meta)
+    try:
+        return Transitions(**columns, extras=extras, meta=meta)
+    except DataError as exc:
+        raise DataError(str(exc), path=file, field=exc.field) from exc
 
 
 @dataclasses.dataclass(frozen=True)
