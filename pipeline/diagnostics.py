@@ -3,7 +3,9 @@
 :func:`run_diagnostics` (the ``diagnose`` stage) loads the original dataset and the augmented
 shard set, computes the sections below on at most ``config.max_states`` sampled states each
 (seconds on 2 cores), writes them atomically as JSON and returns them. Each metric is also a
-pure function of arrays, tested on its own.
+pure function of arrays, tested on its own. The divergence, value and OPE checks share one sample
+of whole dataset episodes (:func:`sample_episodes`, at most ``max_states`` rows) on which every
+policy acts once; :func:`diagnose_run` re-runs all of it from a run directory.
 
 Metrics schema (the run's ``metrics["diagnostics"]``). Every number is a plain ``float`` or
 ``int`` (non-finite values are written as ``null``), every array a list; a section that does not
@@ -22,12 +24,12 @@ apply is ``null``. ``quantiles`` are ``{"levels": [...], "values": [...]}`` with
 ``weights`` (null without augmented data)
     ``present`` (whether the data carries ``importance_weight``), ``n``, ``ess`` = (sum w)^2 /
     sum w^2, ``ess_fraction`` = ESS / N, ``clipped_fraction`` (raw beta_hat/mu above the
-    rollout's ``max_weight``; null when the log-probabilities are missing), ``max_weight``
-    (the clip), ``mean``, ``min``, ``max``; ``per_shard``: [{shard, n, ess, ess_fraction,
-    clipped_fraction}]; ``histogram``: {edges (log10 w), counts, zeros}; ``episodes``: the
-    per-episode cumulative weight prod_t beta_hat/mu = exp(``cumulative_log_ratio`` at the
-    episode's end): {episodes, log_quantiles (natural log), quantiles (exp, capped at e^700),
-    ess, ess_fraction}.
+    rollout's ``max_weight``; null when the log-probabilities are missing), ``weight_clip``
+    (that ``max_weight``), ``mean``, ``min``, ``max`` (of the stored, clipped weights);
+    ``per_shard``: [{shard, n, ess, ess_fraction, clipped_fraction}]; ``histogram``: {edges
+    (log10 w), counts, zeros}; ``episodes``: the per-episode cumulative weight prod_t
+    beta_hat/mu = exp(``cumulative_log_ratio`` at the episode's end): {episodes,
+    log_quantiles (natural log), quantiles (exp, capped at e^700), ess, ess_fraction}.
 ``coverage`` (null without augmented data)
     OOD score of augmented states: the distance to the k-th nearest original state in the
     state space standardised by the original mean/std. ``threshold`` is the ``quantile`` of the
@@ -49,10 +51,13 @@ apply is ``null``. ``quantiles`` are ``{"levels": [...], "values": [...]}`` with
     evaluation episodes (null without an environment); ``random_actions``: {q_dataset_actions,
     q_random_actions, difference} (uniform random actions, same states); ``scatter``:
     {dataset: {q, mc}, rollout: {q, mc}} (at most ``scatter_points`` each).
-``evaluation``: {model: {returns, lengths, discounted_returns, mean_return,
-    mean_discounted_return, success_rate, normalised_score}} (null without an environment).
+``evaluation``: {model: {returns, lengths, discounted_returns, successes, mean_return,
+    mean_discounted_return, mean_length, success_rate, normalised_score}}: fresh episodes of
+    each trained policy from the same reset seeds (null without an environment).
 ``ope``: {model: {fqe, wpdis, wpdis_ess_fraction, true_discounted_return, fqe_error,
-    wpdis_error}} plus ``settings`` (target sigma / epsilon, FQE steps).
+    wpdis_error}} plus ``settings`` {target_sigma, target_epsilon, fqe_steps, fqe_tau, episodes,
+    transitions, evaluation_max_length}. The truth is the evaluation episodes' mean discounted
+    return.
 ``ranking``: [{name, rank, mean_return, mean_length, success_rate, rank_by {return, success,
     length}}], best first (null without an environment).
 
@@ -72,7 +77,7 @@ Conventions and their consequences:
   *high* near the cut. ``complete_gap_mean`` keeps only steps whose return is complete up to
   ``gamma^m < e^-3``: the episode terminated, or at least ``3 / (1 - gamma)`` steps remain.
 * **FQE** (Le et al. 2019) fits Q^pi by ``fqe_steps`` Adam steps on a small MLP with a Polyak
-  target (``fqe_tau``) over ``max_states`` sampled transitions; timeouts bootstrap, terminals do
+  target (``fqe_tau``) on the sampled episodes' transitions; timeouts bootstrap, terminals do
   not. Backups propagate roughly ``fqe_steps * fqe_tau`` steps of horizon, so with gamma = 0.99
   the default is a quick, horizon-truncated estimate, not a converged one. It estimates the
   infinite-horizon value from dataset episode starts; against evaluation episodes cut by a time
@@ -105,10 +110,10 @@ from offaug.pipeline.workflow import DiagnosticsModel
 SCHEMA_VERSION = 1
 QUANTILE_LEVELS: tuple[float, ...] = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 """Quantile levels of every ``quantiles`` entry."""
-_CHUNK = 256
 # Rows per policy/critic call: BCQ decodes 100 actions per state through a 750-wide VAE.
+_CHUNK = 256
+# Log-weights are capped here before exp: exp(700) ~ 1e304 still fits a float64.
 _LOG_CAP = 700.0
-# exp(700) ~ 1e304 still fits a float64.
 
 FloatArray = npt.NDArray[np.float64]
 ActFunction = Callable[[npt.NDArray[np.float32]], npt.NDArray[Any]]
@@ -181,6 +186,22 @@ def shared_histogram(series: Mapping[str, npt.ArrayLike | None], bins: int) -> d
             counts, _ = np.histogram(array[np.isfinite(array)], bins=edges)
             out[name] = counts.astype(int).tolist()
     return out
+
+
+@contextlib.contextmanager
+def _single_threaded() -> Iterator[None]:
+    # Small matrices only: a multi-threaded BLAS or torch pool just spins on a busy machine
+    # (see offaug.pipeline.rollout), so both run on one thread here and are restored after.
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _sample_indices(n: int, size: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
@@ -474,7 +495,7 @@ def importance_weight_diagnostics(
     return {
         "present": present,
         **weight_summary(all_weights, all_log_ratio, max_weight),
-        "max_weight": max_weight,
+        "weight_clip": max_weight,
         "per_shard": per_shard,
         "histogram": log_weight_histogram(all_weights, bins),
         "episodes": episodes,
@@ -510,8 +531,9 @@ def knn_distances(tree: Any, reference_size: int, queries: FloatArray, k: int) -
 
 def range_violations(original: npt.NDArray[Any], augmented: npt.NDArray[Any]) -> dict[str, Any]:
     """Fraction of augmented states outside the original's per-dimension [min, max]."""
-    reference = _flat(original)
-    states = _flat(augmented)
+    # Views, not copies: these are all rows, possibly memory-mapped.
+    reference = np.asarray(original).reshape(len(original), -1)
+    states = np.asarray(augmented).reshape(len(augmented), -1)
     if len(states) == 0 or len(reference) == 0:
         return {
             "per_dimension": [],
@@ -548,8 +570,8 @@ def state_coverage(
     """
     from scipy.spatial import cKDTree
 
-    reference = _flat(original)[_sample_indices(len(original), max_states, rng)]
-    queries = _flat(augmented)[_sample_indices(len(augmented), max_states, rng)]
+    reference = _flat(np.asarray(original)[_sample_indices(len(original), max_states, rng)])
+    queries = _flat(np.asarray(augmented)[_sample_indices(len(augmented), max_states, rng)])
     mean, std = standardiser(reference)
     reference_std = (reference - mean) / std
     queries_std = (queries - mean) / std
@@ -585,13 +607,13 @@ def discounted_returns(
     out = r.copy()
     if r.size == 0:
         return out
-    # Rows whose successor is in the same episode; sweep by distance from the episode's end,
-    # one vectorised step per time index instead of a Python loop over rows.
-    same = np.zeros(r.size, dtype=bool)
-    same[:-1] = ids[:-1] == ids[1:]
+    # Sweep by distance from the episode's end: one vectorised step per distance over the rows
+    # at that distance (grouped once by a stable sort), instead of a Python loop over rows.
     to_end = steps_to_end(ids)
-    for distance in range(1, int(to_end.max()) + 1):
-        rows = np.flatnonzero((to_end == distance) & same)
+    order = np.argsort(to_end, kind="stable")
+    group_ends = np.cumsum(np.bincount(to_end))
+    for distance in range(1, len(group_ends)):
+        rows = order[group_ends[distance - 1] : group_ends[distance]]
         out[rows] = r[rows] + gamma * out[rows + 1]
     return out
 
@@ -830,24 +852,16 @@ def rank_results(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if not results:
         return []
 
-    def column(key: str) -> FloatArray:
-        return np.array([float(r.get(key) or 0.0) for r in results])
-
-    by = {
-        "return": rankdata(-column("mean_return"), method="min"),
-        "success": rankdata(-column("success_rate"), method="min"),
-        "length": rankdata(-column("mean_length"), method="min"),
+    criteria = {"return": "mean_return", "success": "success_rate", "length": "mean_length"}
+    # Higher is better on every criterion; a missing value counts as 0.
+    scores = {
+        name: np.array([float(r.get(key) or 0.0) for r in results])
+        for name, key in criteria.items()
     }
-    order = sorted(
-        range(len(results)),
-        key=lambda i: (
-            -column("mean_return")[i],
-            -column("success_rate")[i],
-            -column("mean_length")[i],
-        ),
-    )
+    by = {name: rankdata(-values, method="min") for name, values in scores.items()}
+    order = np.lexsort((-scores["length"], -scores["success"], -scores["return"]))
     ranked = []
-    for position, i in enumerate(order, start=1):
+    for position, i in enumerate(order.tolist(), start=1):
         entry = results[i]
         ranked.append(
             {
@@ -989,7 +1003,7 @@ def fitted_q_evaluation(
         standard = ((np.asarray(states, np.float64) - mean) / std).astype(np.float32)
         return torch.as_tensor(np.concatenate([standard, actions], axis=1), dtype=torch.float32)
 
-    with torch.random.fork_rng(devices=[]):
+    with _single_threaded(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         x = inputs(obs, action_features)
         x_next = inputs(next_observations, next_action_features)
@@ -1025,22 +1039,6 @@ class _Policy:
     name: str
     act: ActFunction
     q_values: QFunction | None
-
-
-@contextlib.contextmanager
-def _single_threaded() -> Iterator[None]:
-    # Small matrices only: a multi-threaded BLAS or torch pool just spins on a busy machine
-    # (see offaug.pipeline.rollout), so both run on one thread here and are restored after.
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1):
-            yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 class _Timer:
@@ -1212,7 +1210,8 @@ def _diagnose(
         augmented_data = None
         if shard_set is not None:
             shards = [(Path(ref.path).name, shard_set.read(ref)) for ref in shard_set.shards]
-            augmented_data = shard_set.load()
+            # Every shard was just verified by read(): no second hashing pass.
+            augmented_data = shard_set.load(verify=False)
         bc_trainer = load_trainer(bc.path, device="cpu")
         behaviour = BehaviourModel.from_trainer(bc_trainer)
         policies = []
@@ -1338,7 +1337,8 @@ def _divergence_section(
     bc_actions = batched_act(bc_trainer.act, states)
     bc_entry = policy_divergence(behaviour, states, dataset_actions, bc_actions)
     # beta_hat against itself: the Monte-Carlo KL is 0 by definition.
-    section["policies"]["bc"] = {**bc_entry, "kind": "gaussian (beta_hat)", "kl_monte_carlo": 0.0}
+    kind = "categorical" if behaviour.actions.discrete else "gaussian"
+    section["policies"]["bc"] = {**bc_entry, "kind": f"{kind} (beta_hat)", "kl_monte_carlo": 0.0}
     if noise_text is not None:
         rollout_entry = _rollout_divergence(behaviour, states, dataset_actions, noise_text, rng)
         log_ratio = None if augmented_data is None else _raw_log_ratio(augmented_data)
@@ -1500,6 +1500,66 @@ def _ope_section(
     return section
 
 
+def diagnose_run(
+    run_dir: str | Path, *, settings: DiagnosticsSettings | None = None
+) -> dict[str, Any]:
+    """Run the diagnostics of a finished run again, from its records (``offaug diagnose``).
+
+    Reads ``RUN_DIR/stages.json`` (the records of stages ``source``, ``bc``, ``rollout`` and
+    ``train:<algorithm>-<data>``) and the ``diagnostics`` section and seed of
+    ``RUN_DIR/workflow.yaml`` (defaults without one), writes ``RUN_DIR/diagnostics.json`` and
+    puts the result under ``"diagnostics"`` in ``RUN_DIR/metrics.json``. Stage records are not
+    touched.
+
+    Raises:
+        FileNotFoundError: no ``stages.json``.
+        DataError: the records lack the ``source`` or ``bc`` stage.
+    """
+    import json
+
+    from offaug.datasets.errors import DataError
+    from offaug.datasets.shards import write_json_atomic
+    from offaug.pipeline.layout import RunLayout
+    from offaug.pipeline.workflow import load_workflow
+
+    layout = RunLayout(Path(run_dir))
+    if not layout.stages.is_file():
+        raise FileNotFoundError(f"{layout.stages}: no stage records; run the workflow first")
+    stages = json.loads(layout.stages.read_text()).get("stages", {})
+
+    def record(name: str, kind: type[Any]) -> Any:
+        if name not in stages:
+            raise DataError(
+                f"no finished {name!r} stage", path=layout.stages, hint="run the workflow first"
+            )
+        result = stages[name]["result"]
+        names = {f.name for f in dataclasses.fields(kind)}
+        return kind(**{k: v for k, v in result.items() if k in names})
+
+    data = record("source", DatasetRef)
+    bc = record("bc", ModelRef)
+    augmented = record("rollout", AugmentedRef) if "rollout" in stages else None
+    models = [record(name, ModelRef) for name in sorted(stages) if name.startswith("train:")]
+    config, seed = DiagnosticsModel(), 0
+    if layout.workflow.is_file():
+        workflow = load_workflow(layout.workflow)
+        config, seed = workflow.diagnostics, workflow.seed
+    result = run_diagnostics(
+        data,
+        augmented,
+        bc,
+        models,
+        config,
+        str(layout.root / "diagnostics.json"),
+        seed,
+        settings=settings,
+    )
+    metrics = json.loads(layout.metrics.read_text()) if layout.metrics.is_file() else {}
+    metrics["diagnostics"] = result
+    write_json_atomic(layout.metrics, metrics)
+    return result
+
+
 __all__ = [
     "QUANTILE_LEVELS",
     "ActionSpace",
@@ -1509,6 +1569,7 @@ __all__ = [
     "complete_returns",
     "data_section",
     "data_summary",
+    "diagnose_run",
     "discounted_returns",
     "effective_sample_size",
     "effective_sample_size_from_logs",

@@ -201,12 +201,12 @@ def _weights_plot(weights: Mapping[str, Any]) -> Plot:
     axes = figure.add_subplot()
     histogram = weights["histogram"]
     _bars(axes, histogram, "counts", "augmented transitions", _COLOURS["augmented"])
-    if weights.get("max_weight"):
+    if weights.get("weight_clip"):
         axes.axvline(
-            math.log10(float(weights["max_weight"])),
+            math.log10(float(weights["weight_clip"])),
             color=_COLOURS["threshold"],
             linestyle="--",
-            label=f"clip {weights['max_weight']:g}",
+            label=f"clip {weights['weight_clip']:g}",
         )
     axes.axvline(0.0, color="#555555", linestyle=":", label="w = 1")
     axes.set_xlabel("log10 importance weight β̂/μ")
@@ -625,3 +625,19 @@ def write_report(metrics: Mapping[str, Any], out_html: Path) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return final
+
+
+def report_run(run_dir: str | Path) -> Path:
+    """Write ``RUN_DIR/report.html`` from ``RUN_DIR/metrics.json`` (``offaug report``).
+
+    Raises:
+        FileNotFoundError: no ``metrics.json``.
+    """
+    import json
+
+    from offaug.pipeline.layout import RunLayout
+
+    layout = RunLayout(Path(run_dir))
+    if not layout.metrics.is_file():
+        raise FileNotFoundError(f"{layout.metrics}: no metrics; run the workflow first")
+    return write_report(json.loads(layout.metrics.read_text()), layout.report)

@@ -105,7 +105,7 @@ def test_state_dict_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
     trainer = _build(1)
     for batch in _batches(3):
         trainer.update(batch)
-    # Through a real checkpoint file, loaded without pickle.
+    # Through a real checkpoint file, loaded without pickle, and straight from memory.
     path = save_checkpoint(
         tmp_path / "sac.pt",
         algorithm="sac",
@@ -114,17 +114,22 @@ def test_state_dict_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
         state=trainer.state_dict(),
     )
     checkpoint = load_checkpoint(path)
-    fresh = _build(2, SACConfig(**checkpoint.config))
-    fresh.load_state_dict(checkpoint.state)
+    from_file = _build(2, SACConfig(**checkpoint.config))
+    from_file.load_state_dict(checkpoint.state)
+    from_memory = _build(3)
+    from_memory.load_state_dict(trainer.state_dict())
     observations = np.random.default_rng(3).normal(size=(16, 5)).astype(np.float32)
-    np.testing.assert_array_equal(fresh.act(observations), trainer.act(observations))
+    for fresh in (from_file, from_memory):
+        np.testing.assert_array_equal(fresh.act(observations), trainer.act(observations))
+    # Training continues identically (the restored optimisers share no state).
     batch = _batches(1, seed=9)[0]
-    torch.manual_seed(3)
-    expected = trainer.update(batch)
-    torch.manual_seed(3)
-    restored = fresh.update(batch)
-    for name in expected:
-        assert torch.equal(expected[name], restored[name]), name
+    results = []
+    for candidate in (trainer, from_file, from_memory):
+        torch.manual_seed(3)
+        results.append(candidate.update(batch))
+    for name in results[0]:
+        assert torch.equal(results[0][name], results[1][name]), name
+        assert torch.equal(results[0][name], results[2][name]), name
 
 
 def test_all_ones_weights_equal_the_unweighted_losses() -> None:

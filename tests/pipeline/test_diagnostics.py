@@ -560,3 +560,32 @@ def test_diagnose_run_reads_the_run_records(hopper: Hopper, tmp_path: Path) -> N
 def test_diagnose_run_without_records_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"stages\.json"):
         diag.diagnose_run(tmp_path)
+
+
+def test_discrete_actions(make_test_dataset, tmp_path: Path) -> None:
+    data = load_transitions(make_test_dataset("cartpole", "hdf5").dataset_id)
+    ref = DatasetRef(
+        data.meta["dataset_id"], len(data), data.num_episodes, "", False, dict(data.meta)
+    )
+    bc = _checkpoint("bc", data, tmp_path / "bc" / "checkpoint.pt", {"hidden": (32, 32)})
+    models = []
+    if "discrete_cql" in registry.available():
+        path = tmp_path / "discrete_cql-original" / "checkpoint.pt"
+        models.append(_checkpoint("discrete_cql", data, path, {"hidden": (32, 32)}))
+    config = RolloutConfig(episodes=4, n_envs=2, noise="epsilon:0.2", seed=0)
+    tasks = split_tasks(ref.source, bc.path, config, tmp_path / "aug", 1)
+    shard_set = merge_rollout_shards(
+        tmp_path / "aug", [run_rollout_task(t) for t in tasks], {"noise": config.noise}
+    )
+    augmented = AugmentedRef(shard_set.directory, shard_set.rows, shard_set.episodes, 1, "", {}, 0)
+    result = diag.run_diagnostics(
+        ref, augmented, bc, models, CONFIG, str(tmp_path / "d.json"), 0, settings=FAST
+    )
+    policies = result["divergence"]["policies"]
+    assert policies["bc"]["kind"] == "categorical (beta_hat)"
+    # Epsilon-greedy against the categorical beta_hat: an exact, non-negative KL.
+    assert policies["rollout"]["kl_monte_carlo"] >= 0
+    assert 0 <= policies["rollout"]["action_distance"] <= 1
+    for model in models:
+        assert result["value"][model.name]["dataset"]["n"] == len(data)
+        assert math.isfinite(result["ope"][model.name]["wpdis"])
