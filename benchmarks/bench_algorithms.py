@@ -1,0 +1,242 @@
+"""Learner throughput against d3rlpy 2.8, and the FLOP/s of the 256x256 updates.
+
+For each learner (BC, CQL, BCQ, SAC) at 64x64 (overhead-bound) and 256x256 (matmul-bound)
+networks: gradient steps per second of offaug's ``sampler.sample_torch() + trainer.update`` and
+of d3rlpy's ``dataset.sample_transition_batch() + algo.update`` on the same data (offaug's exact
+transitions, handed over with ``offaug.datasets.interop.to_d3rlpy``), the same network sizes,
+batch size and hyperparameters, both on one CPU thread, interleaved blocks, median of repeats.
+At 256x256 it also counts one offaug update's FLOPs (``torch.utils.flop_counter``) and prints
+the FLOP/s achieved next to a plain torch matmul loop of the same shapes in the same run.
+
+Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc]``; JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    Reporter,
+    ensure_dataset,
+    interleave,
+    log,
+    protect_stdout,
+    throughput_record,
+)
+
+GOALS = {
+    64: {"bc": 2.5, "cql": 2.0, "bcq": 2.0, "sac": 2.0},
+    256: dict.fromkeys(("bc", "cql", "bcq", "sac"), 1.05),
+}
+
+
+def _offaug_trainer(name: str, hidden: int, batch: int, spaces: Any) -> Any:
+    import dataclasses
+
+    from offaug.algorithms import registry
+    from offaug.algorithms.base import config_from_json
+
+    sizes = (hidden, hidden)
+    if name == "sac":
+        from offaug.algorithms.sac import SAC, SACConfig
+
+        fields = {f.name for f in dataclasses.fields(SACConfig)}
+        config = {k: v for k, v in {"hidden": sizes, "batch_size": batch}.items() if k in fields}
+        return SAC(spaces, config_from_json(SACConfig, config), device="cpu")
+    fields = {f.name for f in dataclasses.fields(registry.config_type(name))}
+    config: dict[str, Any] = {"batch_size": batch}
+    for field in fields:
+        if field == "hidden" or field.endswith("_hidden"):
+            config[field] = sizes
+    if name == "bc":
+        config["policy"] = "deterministic"
+    return registry.build(name, spaces, config, device="cpu")
+
+
+def _d3rlpy_algo(name: str, hidden: int, batch: int, dataset: Any) -> Any:
+    import d3rlpy
+
+    encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=[hidden, hidden])
+    if name == "bc":
+        config = d3rlpy.algos.BCConfig(
+            batch_size=batch, encoder_factory=encoder, policy_type="deterministic"
+        )
+    elif name == "cql":
+        config = d3rlpy.algos.CQLConfig(
+            batch_size=batch, actor_encoder_factory=encoder, critic_encoder_factory=encoder
+        )
+    elif name == "bcq":
+        config = d3rlpy.algos.BCQConfig(
+            batch_size=batch,
+            actor_encoder_factory=encoder,
+            critic_encoder_factory=encoder,
+            imitator_encoder_factory=encoder,
+        )
+    elif name == "sac":
+        config = d3rlpy.algos.SACConfig(
+            batch_size=batch, actor_encoder_factory=encoder, critic_encoder_factory=encoder
+        )
+    else:
+        raise ValueError(name)
+    algo = config.create(device="cpu:0")
+    algo.build_with_dataset(dataset)
+    return algo
+
+
+def _measure(
+    name: str, hidden: int, data: Any, dataset: Any, steps: int, repeats: int, reporter: Reporter
+) -> None:
+    import numpy as np
+    import torch
+
+    from offaug.algorithms.base import spaces_from_transitions
+    from offaug.datasets import MixtureSampler
+
+    batch = 100 if name == "bcq" else 256
+    spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
+    torch.manual_seed(0)
+    trainer = _offaug_trainer(name, hidden, batch, spaces)
+    sampler = MixtureSampler([data], batch, seed=0)
+    algo = _d3rlpy_algo(name, hidden, batch, dataset)
+
+    def offaug_block() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.update(sampler.sample_torch())
+        return time.perf_counter() - start
+
+    def d3rlpy_block() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            algo.update(dataset.sample_transition_batch(batch))
+        return time.perf_counter() - start
+
+    offaug_block()
+    d3rlpy_block()
+    mine, theirs = interleave(offaug_block, d3rlpy_block, repeats)
+    absolute = None
+    if hidden == 256:
+        absolute = _flops(trainer, sampler, steps / float(np.median(mine)))
+    reporter.emit(
+        throughput_record(
+            benchmark=f"train_{name}_{hidden}x{hidden}",
+            unit="gradient steps/s",
+            work=steps,
+            offaug_times=mine,
+            baseline_times=theirs,
+            baseline_name="d3rlpy 2.8 sample_transition_batch + update",
+            goal=GOALS[hidden][name],
+            size={
+                "hidden": [hidden, hidden],
+                "batch_size": batch,
+                "steps_per_block": steps,
+                "transitions": len(data),
+            },
+            notes=(
+                "one CPU thread each; d3rlpy fed offaug's exact transitions "
+                "(interop.to_d3rlpy); same network sizes, batch size and d3rlpy's default "
+                "hyperparameters; BC deterministic on both sides"
+            ),
+            absolute=absolute,
+        )
+    )
+
+
+def _matmul_shapes(trainer: Any, batch: Any) -> list[tuple[str, list[list[int]]]]:
+    """The matrix multiplies of one update, with their operand shapes (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        trainer.update(batch)
+    kinds = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+    return [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events() if e.name in kinds]
+
+
+def _plain_matmuls(shapes: list[tuple[str, list[list[int]]]], repeats: int) -> tuple[float, int]:
+    """Seconds per pass of the same matmuls done plainly, and their FLOPs per pass."""
+    import torch
+
+    ops = []
+    flops = 0
+    for name, operands in shapes:
+        if name == "aten::mm":
+            a, b = (torch.randn(*operands[0]), torch.randn(*operands[1]))
+            ops.append(lambda a=a, b=b: torch.mm(a, b))
+            flops += 2 * operands[0][0] * operands[0][1] * operands[1][1]
+        elif name == "aten::addmm":
+            bias, a, b = (torch.randn(*o) for o in operands[:3])
+            ops.append(lambda bias=bias, a=a, b=b: torch.addmm(bias, a, b))
+            flops += 2 * operands[1][0] * operands[1][1] * operands[2][1]
+        elif name == "aten::bmm":
+            a, b = (torch.randn(*operands[0]), torch.randn(*operands[1]))
+            ops.append(lambda a=a, b=b: torch.bmm(a, b))
+            flops += 2 * operands[0][0] * operands[0][1] * operands[0][2] * operands[1][2]
+        else:  # baddbmm
+            bias, a, b = (torch.randn(*o) for o in operands[:3])
+            ops.append(lambda bias=bias, a=a, b=b: torch.baddbmm(bias, a, b))
+            flops += 2 * operands[1][0] * operands[1][1] * operands[1][2] * operands[2][2]
+    for op in ops:
+        op()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for op in ops:
+            op()
+    return (time.perf_counter() - start) / repeats, flops
+
+
+def _flops(trainer: Any, sampler: Any, steps_per_s: float) -> dict[str, Any]:
+    """FLOPs of one update and the FLOP/s achieved, beside the same matmuls done plainly."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = sampler.sample_torch()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        trainer.update(batch)
+    flops = int(counter.get_total_flops())
+    seconds, matmul_flops = _plain_matmuls(_matmul_shapes(trainer, batch), repeats=30)
+    achieved = flops * steps_per_s
+    plain = matmul_flops / seconds
+    return {
+        "flops_per_update": flops,
+        "achieved_flops_per_s": achieved,
+        "plain_matmul_flops_per_s": plain,
+        "plain_matmul": "the update's mm/addmm/bmm/baddbmm shapes (torch.profiler), back to back",
+        "share_of_matmul": achieved / plain,
+        "share_goal": 0.85,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="about a minute")
+    parser.add_argument("--only", default="bc,cql,bcq,sac", help="learners to measure")
+    args = parser.parse_args(argv)
+    out = protect_stdout()
+    reporter = Reporter(out)
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    from offaug.datasets import load_transitions
+    from offaug.datasets.interop import to_d3rlpy
+
+    generated = ensure_dataset("Hopper-v5", 10_000 if args.quick else 50_000, "hdf5", seed=0)
+    data = load_transitions(generated.path, cache=False)
+    dataset = to_d3rlpy(data)
+    repeats = 3 if args.quick else 5
+    for name in args.only.split(","):
+        for hidden in (64, 256):
+            steps = (20 if hidden == 256 else 50) if args.quick else (100 if hidden == 256 else 300)
+            log(f"{name} {hidden}x{hidden}: {repeats} x {steps} steps each side")
+            _measure(name, hidden, data, dataset, steps, repeats, reporter)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
