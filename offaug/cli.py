@@ -662,15 +662,62 @@ def _print_summary(run_dir: Path) -> None:
             f"importance weights: ESS/N {weights.get('ess_fraction', 0):.3f}, clipped "
             f"{weights.get('clipped_fraction', 0):.3f}, max {weights.get('max_weight', 0):.3g}"
         )
-    diagnostics = metrics.get("diagnostics")
-    if diagnostics:
-        try:
-            from offaug.pipeline.report import headline
+    if metrics.get("diagnostics"):
+        _print_headline(metrics, "distribution shift")
 
-            for name, value in headline(metrics):
-                console.print(f"{name}: {value}")
-        except ImportError:
-            pass
+
+def _print_headline(metrics: dict[str, Any], title: str) -> None:
+    from offaug.pipeline.report import headline
+
+    table = Table(title=title, show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    for label, value in headline(metrics):
+        table.add_row(label, value)
+    console.print(table)
+
+
+def _read_metrics(run_dir: Path) -> dict[str, Any]:
+    metrics: dict[str, Any] = json.loads((run_dir / "metrics.json").read_text())
+    return metrics
+
+
+@app.command("diagnose")
+def diagnose_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (with stages.json).")],
+) -> None:
+    """Distribution-shift diagnostics of a finished run; updates RUN_DIR/metrics.json."""
+    from offaug.pipeline.diagnostics import diagnose_run
+    from offaug.pipeline.workflow import WorkflowError
+
+    def run() -> dict[str, Any]:
+        try:
+            return diagnose_run(run_dir)
+        except WorkflowError as exc:
+            from offaug.datasets.errors import DataError
+
+            raise DataError(str(exc)) from exc
+
+    with console.status(f"diagnosing {run_dir}"):
+        result = _run(run)
+    _print_headline(_read_metrics(run_dir), f"{run_dir}: diagnostics")
+    seconds = sum(result.get("timings", {}).values())
+    console.print(
+        f"wrote {run_dir / 'diagnostics.json'} and the diagnostics of "
+        f"{run_dir / 'metrics.json'} in {seconds:.1f} s"
+    )
+
+
+@app.command("report")
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (with metrics.json).")],
+) -> None:
+    """Write RUN_DIR/report.html, a self-contained HTML report, and print its headline."""
+    from offaug.pipeline.report import report_run
+
+    path = _run(lambda: report_run(run_dir))
+    _print_headline(_read_metrics(run_dir), str(run_dir))
+    console.print(f"report: {path}")
 
 
 def _tensorboard_writer(out: Path) -> Any:
