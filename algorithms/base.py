@@ -222,7 +222,8 @@ def load_checkpoint(
 
 def to_tensor(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
     """A numpy array of observations as a float32 tensor on ``device`` (for ``act``)."""
-    return torch.as_tensor(np.asarray(array, dtype=np.float32), device=device)
+    # A copy: observations may be a read-only memory map, which torch must not wrap.
+    return torch.tensor(np.asarray(array, dtype=np.float32), device=device)
 
 
 class ActionNormaliser(nn.Module):

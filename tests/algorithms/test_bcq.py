@@ -328,6 +328,43 @@ def test_vae_learns_the_behaviour_and_the_policy_stays_near_it() -> None:
     assert gap < config.action_flexibility + 0.1 < untrained[1]
 
 
+def test_rl_start_step_and_actor_interval(hopper: Transitions) -> None:
+    config = dataclasses.replace(SMALL, rl_start_step=2, update_actor_interval=2)
+    trainer = _build(BCQ, _spaces(hopper), config, seed=0)
+    critic = [p.clone() for p in trainer.critic.parameters()]
+    history = []
+    for batch in _batches(hopper, 6):
+        metrics = trainer.update(batch)
+        history.append((metrics, [p.clone() for p in trainer.actor.parameters()]))
+    # Steps 0 and 1 train only the VAE; the critics' metrics are NaN until they start.
+    assert all(torch.isnan(history[i][0]["critic_loss"]) for i in (0, 1))
+    assert all(torch.isfinite(history[i][0]["critic_loss"]) for i in range(2, 6))
+    assert not torch.equal(critic[0], next(trainer.critic.parameters()))
+    # The actor moves at steps 2 and 4 only.
+    moved = [
+        not torch.equal(history[i][1][0], history[i - 1][1][0]) for i in range(1, 6)
+    ]  # steps 1..5
+    assert moved == [False, True, False, True, False]
+    assert set(history[0][0]) == set(history[-1][0])
+
+
+@pytest.mark.parametrize("n_critics", [1, 3])
+def test_other_ensemble_sizes(hopper: Transitions, cartpole: Transitions, n_critics: int) -> None:
+    trainer = _build(BCQ, _spaces(hopper), dataclasses.replace(SMALL, n_critics=n_critics), 0)
+    discrete = _build(
+        DiscreteBCQ, _spaces(cartpole), dataclasses.replace(SMALL_DISCRETE, n_critics=n_critics), 0
+    )
+    for batch in _batches(hopper, 2):
+        metrics = trainer.update(batch)
+    for batch in _batches(cartpole, 2, size=32):
+        metrics.update(discrete.update(batch))
+    assert all(torch.isfinite(v) for v in metrics.values())
+    for reduction in ("first", "min", "mean"):
+        values = trainer.q_values(hopper.observations[:4], hopper.actions[:4], reduction)
+        assert values.shape == (4,) and np.isfinite(values).all()
+    assert discrete.act(cartpole.observations[:4]).shape == (4,)
+
+
 def test_act_is_repeatable_from_the_seed_and_varies_with_it() -> None:
     observations = np.random.default_rng(0).normal(size=(4, 11)).astype(np.float32)
     first = _build(BCQ, BOX, dataclasses.replace(SMALL, act_seed=5), seed=0)

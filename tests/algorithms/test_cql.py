@@ -133,13 +133,23 @@ def test_squashed_gaussian_matches_the_actor() -> None:
     torch.testing.assert_close(log_prob[0], expected.log_prob)
 
 
-def test_ensemble_values_match_the_critic_module_and_freeze_weights() -> None:
+@pytest.mark.parametrize("batched", [False, True], ids=["per-member-blocks", "batched"])
+def test_ensemble_values_match_the_critic_module_and_freeze_weights(batched: bool) -> None:
     torch.manual_seed(0)
     critic = CriticEnsemble(5, 2, (16, 16), members=3)
     obs, actions = torch.randn(5000, 5), torch.rand(5000, 2) * 2 - 1  # several CPU blocks
-    torch.testing.assert_close(_ensemble_values(critic, obs, actions), critic(obs, actions))
+    values = _ensemble_values(critic, obs, actions, batched=batched)
+    torch.testing.assert_close(values, critic(obs, actions))
+    values.sum().backward()
+    gradients = [p.grad for p in critic.parameters()]
+    critic.zero_grad()
+    critic(obs, actions).sum().backward()
+    for got, expected in zip(gradients, [p.grad for p in critic.parameters()], strict=True):
+        assert got is not None and expected is not None
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # sums of 5000 rows
+    critic.zero_grad(set_to_none=True)
     actions.requires_grad_(True)
-    _ensemble_values(critic, obs, actions, frozen=True).sum().backward()
+    _ensemble_values(critic, obs, actions, frozen=True, batched=batched).sum().backward()
     assert actions.grad is not None
     assert all(p.grad is None for p in critic.parameters())
 
