@@ -20,21 +20,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "d4rl==1.1"
 	touch $(STAMP)
 
-# Until the pipeline exists: build a small real Minari dataset, inspect it, shard it.
+# The main job on the embedded default: workflows/quickstart.yaml end to end on a local Dask
+# cluster (it makes its own small Minari dataset first). Results in runs/quickstart/.
 QUICKSTART_DIR := .quickstart
 quickstart: install
 	MINARI_DATASETS_PATH=$(abspath $(QUICKSTART_DIR))/datasets \
 	OFFAUG_CACHE_DIR=$(abspath $(QUICKSTART_DIR))/cache \
-	$(PY) -m offaug make-dataset Hopper-v5 --dataset-id offaug/hopper-random-v0 \
-	    --steps 5000 --seed 0 --overwrite
-	MINARI_DATASETS_PATH=$(abspath $(QUICKSTART_DIR))/datasets \
-	OFFAUG_CACHE_DIR=$(abspath $(QUICKSTART_DIR))/cache \
-	$(PY) -m offaug inspect offaug/hopper-random-v0
-	MINARI_DATASETS_PATH=$(abspath $(QUICKSTART_DIR))/datasets \
-	OFFAUG_CACHE_DIR=$(abspath $(QUICKSTART_DIR))/cache \
-	$(PY) -m offaug shard offaug/hopper-random-v0 --out $(QUICKSTART_DIR)/shards \
-	    --rows-per-shard 2000 --overwrite
-	$(PY) -m offaug verify $(QUICKSTART_DIR)/shards
+	$(PY) -m offaug run workflows/quickstart.yaml --out runs/quickstart
 
 lint: install
 	$(VENV)/bin/ruff check .

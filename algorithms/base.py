@@ -127,6 +127,17 @@ def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=fused)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
+    """Load an optimiser's state from a copy.
+
+    ``Optimizer.load_state_dict`` keeps the moment tensors it is given: loading another live
+    trainer's state would make both advance the same Adam moments.
+    """
+    import copy
+
+    optimizer.load_state_dict(copy.deepcopy(dict(state)))
+
+
 def config_to_json(config: Any) -> dict[str, Any]:
     """A frozen config dataclass as a JSON-ready dict (tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(config)))

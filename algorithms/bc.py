@@ -26,6 +26,7 @@ from offaug.algorithms.base import (
     Spaces,
     adam,
     choose_device,
+    load_optimizer_state,
     to_tensor,
     weighted_mean,
 )
@@ -149,5 +150,5 @@ class BC:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.steps = int(state["steps"])

@@ -47,6 +47,7 @@ from offaug.algorithms.base import (
     Spaces,
     adam,
     choose_device,
+    load_optimizer_state,
     soft_update,
     to_tensor,
     weighted_mean,
@@ -515,10 +516,10 @@ class CQL:
         with torch.no_grad():
             self.log_temperature.copy_(state["log_temperature"])
             self.log_alpha.copy_(state["log_alpha"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.temperature_optimizer.load_state_dict(state["temperature_optimizer"])
-        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        load_optimizer_state(self.actor_optimizer, state["actor_optimizer"])
+        load_optimizer_state(self.critic_optimizer, state["critic_optimizer"])
+        load_optimizer_state(self.temperature_optimizer, state["temperature_optimizer"])
+        load_optimizer_state(self.alpha_optimizer, state["alpha_optimizer"])
         self.steps = int(state["steps"])
 
 
@@ -663,5 +664,5 @@ class DiscreteCQL:
         """Restore :meth:`state_dict`."""
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.steps = int(state["steps"])

@@ -28,6 +28,18 @@ def minari_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["MINARI_DATASETS_PATH"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread, as Dask workers use: on a busy 2-core machine two threads make small
+    matrix multiplies tens of times slower."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(autouse=True)
 def offaug_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh, private OFFAUG_CACHE_DIR for every test."""

@@ -98,6 +98,9 @@ def test_state_dict_round_trip_gives_identical_outputs(make_test_dataset, algori
     b = fresh.update(batch)
     for name in a:
         assert torch.equal(a[name], b[name]), name
+    # ... and so do the parameters after it: optimiser state was copied, not shared.
+    for mine, theirs in zip(_parameters(trainer), _parameters(fresh), strict=True):
+        assert torch.equal(mine, theirs)
 
 
 def test_all_ones_weights_equal_the_unweighted_update(make_test_dataset, algorithm: str) -> None:
