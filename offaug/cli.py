@@ -55,8 +55,14 @@ def make_dataset_command(
         str, typer.Option("--dataset-id", help="Minari id to write: [namespace/]name-vK.")
     ],
     policy: Annotated[
-        str, typer.Option(help="'random' (checkpoints come with the algorithms).")
+        str, typer.Option(help="'random', or 'sac' (trained online; see --level).")
     ] = "random",
+    level: Annotated[
+        str, typer.Option(help="With --policy sac: random, medium, expert or medium-replay.")
+    ] = "medium",
+    train_steps: Annotated[
+        int, typer.Option(help="With --policy sac: SAC environment steps (the expert).")
+    ] = 100_000,
     steps: Annotated[int | None, typer.Option(help="Collect at least this many steps.")] = None,
     episodes: Annotated[int | None, typer.Option(help="Or exactly this many episodes.")] = None,
     data_format: Annotated[
@@ -74,6 +80,33 @@ def make_dataset_command(
     """Generate a real Minari dataset by running a policy in a Gymnasium environment."""
     from offaug.datasets.generate import make_dataset
 
+    if policy == "sac":
+        from offaug.algorithms.levels import make_level_dataset
+
+        if episodes is not None:
+            err_console.print("[bold red]error:[/] --policy sac collects --steps, not --episodes")
+            raise typer.Exit(code=2)
+        with console.status(f"training SAC on {env_id} for the {level} level"):
+            made = _run(
+                lambda: make_level_dataset(
+                    env_id,
+                    dataset_id,
+                    level,  # type: ignore[arg-type]
+                    train_steps=train_steps,
+                    steps=steps,
+                    seed=seed,
+                    data_format=data_format.value,
+                    root=root,
+                    overwrite=overwrite,
+                    max_episode_steps=max_episode_steps,
+                )
+            )
+        console.print(
+            f"wrote [bold]{made.dataset.dataset_id}[/] ({level}): {made.dataset.episodes} "
+            f"episodes, {made.dataset.steps} steps at {made.dataset.path}; policy return "
+            f"{made.policy_return}, random {made.random_return:.1f}, expert {made.expert_return}"
+        )
+        return
     if (steps is None) == (episodes is None):
         err_console.print("[bold red]error:[/] give exactly one of --steps and --episodes")
         raise typer.Exit(code=2)
