@@ -145,7 +145,27 @@ def met(record: dict[str, Any]) -> bool | None:
     ratio, goal = record.get("ratio"), record.get("goal")
     if not isinstance(ratio, (int, float)) or not isinstance(goal, (int, float)):
         return None
+    if record.get("goal_direction") == "at most":
+        return ratio <= goal
     return ratio >= goal
+
+
+README_START = "<!-- performance-table:start -->"
+README_END = "<!-- performance-table:end -->"
+
+
+def update_readme(report: dict[str, Any], readme: Path) -> bool:
+    """Replace the README's performance table (between its markers) with this report's."""
+    if not readme.is_file():
+        return False
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        return False
+    table = markdown(report).split("\n", 2)[2].strip()  # drop the RESULTS.md title
+    before, rest = text.split(README_START, 1)
+    _, after = rest.split(README_END, 1)
+    write_atomic(readme, f"{before}{README_START}\n{table}\n{README_END}{after}")
+    return True
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -236,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_atomic(args.output, json.dumps(report, indent=2) + "\n")
     write_atomic(args.markdown, markdown(report))
+    if not args.quick and update_readme(report, BENCH_DIR.parent / "README.md"):
+        log("updated the performance table in README.md")
     log(f"wrote {args.output} and {args.markdown}")
     if failures:
         log(f"failed: {', '.join(str(f['script']) for f in failures)}")
