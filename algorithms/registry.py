@@ -29,6 +29,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "discrete_bcq": AlgorithmSpec(
         "offaug.algorithms.bcq", "DiscreteBCQ", "DiscreteBCQConfig", discrete=True
     ),
+    # Online SAC (dataset levels); offline it is plain off-policy SAC without a constraint.
+    "sac": AlgorithmSpec("offaug.algorithms.sac", "SAC", "SACConfig", discrete=False),
 }
 
 
