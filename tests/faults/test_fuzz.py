@@ -28,7 +28,7 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-(10**6), 10**6),
-    st.floats(allow_nan=True),
+    st.floats(allow_nan=True, allow_subnormal=False),
     st.text(max_size=12),
 )
 documents = st.recursive(
