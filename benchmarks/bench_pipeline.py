@@ -3,11 +3,11 @@
 * ``rollout_stage_2_vs_1_workers``: the rollout stage's tasks (real Hopper-v5 rollouts of a BC
   policy, one shard each) on a LocalCluster of two single-threaded worker processes against
   one, on this 2-core machine. Both clusters are warmed up (modules imported) before timing.
-* ``orchestration_overhead``: a small end-to-end workflow through ``run_workflow`` on a fresh
-  LocalCluster; the overhead is the wall time minus the critical path of the stages' own
-  compute time (the longest chain of dependent stages), as a share of the wall time. The
-  issue's literal figure, wall minus the *sum* of stage times, is reported beside it; with
-  parallel stages it can be negative.
+* ``orchestration_overhead``: ``workflows/quickstart.yaml`` (full size; a smaller workflow with
+  ``--quick``) through ``run_workflow`` on a fresh LocalCluster. The overhead is the wall time
+  minus the least time the stages' own compute needs on these workers, ``max(critical path,
+  sum / workers)``, as a share of the wall time. The issue's literal figure, wall minus the
+  *sum* of stage times, is reported beside it; with stages in parallel it is negative.
 
 Usage: ``python benchmarks/bench_pipeline.py [--quick]``; JSON lines on stdout.
 """
@@ -93,13 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MINARI_DATASETS_PATH"] = str(root / "minari")
         os.environ["OFFAUG_CACHE_DIR"] = str(root / "cache")
         workflow = _workflow(root, args.quick, tasks, episodes)
-        # Orchestration overhead: one full run on a fresh LocalCluster (its start included).
-        log("end-to-end workflow for the orchestration overhead")
-        result = run_workflow(workflow, root / "run")
+        # Orchestration overhead: one whole run on a fresh LocalCluster (its start included).
+        if args.quick:
+            measured = workflow
+        else:
+            from offaug.pipeline.workflow import load_workflow
+
+            measured = load_workflow(
+                Path(__file__).resolve().parents[1] / "workflows" / "quickstart.yaml"
+            )
+            measured = measured.model_copy(update={"publish": None})
+        log(f"end-to-end workflow {measured.name} for the orchestration overhead")
+        result = run_workflow(measured, root / "run")
         records = json.loads((root / "run" / "stages.json").read_text())["stages"]
         critical = _critical_path(records)
         total = sum(float(r.get("seconds") or 0.0) for r in records.values())
-        overhead = (result.wall_seconds - critical) / result.wall_seconds
+        workers = os.cpu_count() or 1
+        needed = max(critical, total / workers)
+        overhead = (result.wall_seconds - needed) / result.wall_seconds
         reporter.emit(
             {
                 "benchmark": "orchestration_overhead",
@@ -111,19 +122,32 @@ def main(argv: list[str] | None = None) -> int:
                 "goal": 0.10,
                 "goal_direction": "at most",
                 "repeats": 1,
-                "size": {"stages": len(records), "tasks": tasks, "episodes": episodes},
+                "size": {"workflow": measured.name, "stages": len(records), "workers": workers},
                 "absolute": {
                     "wall_s": result.wall_seconds,
                     "critical_path_s": critical,
+                    "least_compute_time_s": needed,
                     "sum_of_stage_compute_s": total,
                     "wall_minus_sum_share": (result.wall_seconds - total) / result.wall_seconds,
                 },
                 "notes": (
-                    "overhead = (wall - critical path of stage compute) / wall, LocalCluster "
-                    "start and shutdown included; lower is better"
+                    "overhead = (wall - max(critical path, stage compute / workers)) / wall; "
+                    "LocalCluster start, worker imports and shutdown included; lower is better"
                 ),
             }
         )
+        if not args.quick:
+            run_workflow(
+                workflow.model_copy(
+                    update={
+                        "train": workflow.train.model_copy(
+                            update={"algorithms": ("bc",), "baseline": False}
+                        )
+                    }
+                ),
+                root / "small",
+            )
+            records = json.loads((root / "small" / "stages.json").read_text())["stages"]
         data = stages.prepare_source(workflow.source)
         bc = json.loads(json.dumps(records["bc"]["result"]))
         from offaug.pipeline.layout import ModelRef
