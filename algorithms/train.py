@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,7 @@ def _checkpoint(
         extra=extra,
     )
     # The latest checkpoint is a copy under a fixed name, replaced atomically.
-    tmp = run_dir / ".checkpoint.pt.tmp"
+    tmp = run_dir / f".checkpoint.pt.tmp-{uuid.uuid4().hex[:12]}"
     tmp.write_bytes(path.read_bytes())
     os.replace(tmp, run_dir / "checkpoint.pt")
 

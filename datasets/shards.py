@@ -469,14 +469,15 @@ def write_shard_set(
             meta=dict(transitions.meta),
         )
         shard_set.write_manifest()
-        _replace_directory(staging, final)
+        replace_directory(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return ShardSet.open(final)
 
 
-def _replace_directory(staging: Path, final: Path) -> None:
+def replace_directory(staging: Path, final: Path) -> None:
+    """Move the complete directory ``staging`` to ``final``, replacing what was there."""
     if not final.exists():
         os.replace(staging, final)
         return

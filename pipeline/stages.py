@@ -88,6 +88,30 @@ def prepare_source(config: SourceConfig) -> DatasetRef:
     )
 
 
+def _train_into(out: str, run: Any) -> Path:
+    """Run ``run(directory)`` in a fresh sibling directory, then move it to ``out`` atomically.
+
+    A stage can execute twice at once (a client killed while its task still runs on a worker,
+    and the rerun's task): each execution writes its own directory and the last one to finish
+    replaces ``out`` whole, so files of two executions never mix.
+    """
+    import shutil
+    import uuid
+
+    from offaug.datasets.shards import replace_directory
+
+    final = Path(out)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        run(staging)
+        replace_directory(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
 def _model_ref(name: str, checkpoint: Path, metrics: dict[str, Any]) -> ModelRef:
     from offaug.datasets.shards import file_checksum
 
@@ -125,8 +149,10 @@ def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> Mo
         "learning_rate": config.learning_rate,
         "batch_size": config.batch_size,
     }
-    result = train("bc", [data.source], out, config=learner, options=options)
-    return _model_ref("bc", result.checkpoint, _last_metrics(Path(out)))
+    final = _train_into(
+        out, lambda d: train("bc", [data.source], d, config=learner, options=options)
+    )
+    return _model_ref("bc", final / "checkpoint.pt", _last_metrics(final))
 
 
 def rollout_tasks(
@@ -290,9 +316,9 @@ def train_offline(
         threads=threads,
     )
     config = dict(train_config.configs.get(algorithm, {}))  # type: ignore[call-overload]
-    result = train(algorithm, sources, out, config=config, options=options)
+    final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
     name = f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
-    return _model_ref(name, result.checkpoint, _last_metrics(Path(out)))
+    return _model_ref(name, final / "checkpoint.pt", _last_metrics(final))
 
 
 def diagnose_stage(
