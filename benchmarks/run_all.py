@@ -254,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         "failures": failures,
         "scripts": {run["script"]: round(run["seconds"], 1) for run in runs},
     }
+    if args.only and args.output.is_file():
+        # A partial run keeps the other scripts' records from the previous report.
+        previous = json.loads(args.output.read_text())
+        rerun = {run["script"] for run in runs}
+        kept = [r for r in previous.get("results", []) if r.get("script") not in rerun]
+        report["results"] = kept + report["results"]
+        report["scripts"] = {**previous.get("scripts", {}), **report["scripts"]}
     write_atomic(args.output, json.dumps(report, indent=2) + "\n")
     write_atomic(args.markdown, markdown(report))
     if not args.quick and update_readme(report, BENCH_DIR.parent / "README.md"):
