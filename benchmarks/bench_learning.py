@@ -108,7 +108,10 @@ def _d3rlpy_score(name: str, data: Any, steps: int, seed: int, episodes: int) ->
     d3rlpy.seed(seed)
     encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=list(HIDDEN))
     if name == "bc":
-        config: Any = d3rlpy.algos.BCConfig(encoder_factory=encoder, policy_type="deterministic")
+        # offaug's BC batch is 256 (d3rlpy's default is 100): use the same on both sides.
+        config: Any = d3rlpy.algos.BCConfig(
+            batch_size=256, encoder_factory=encoder, policy_type="deterministic"
+        )
     elif name == "cql":
         config = d3rlpy.algos.CQLConfig(
             actor_encoder_factory=encoder, critic_encoder_factory=encoder
