@@ -383,8 +383,17 @@ class _Graph:
         *args: Any,
         resources: dict[str, float] | None = None,
         retries: int = 2,
+        priority: int | None = None,
     ) -> None:
-        """Add a stage: ``function(*args)`` where args may name other stages via :class:`Ref`."""
+        """Add a stage: ``function(*args)`` where args may name other stages via :class:`Ref`.
+
+        ``priority``: higher runs first when workers are scarce. By default the critical path
+        (source, BC, rollouts, merge) comes first, then training on augmented data, then the
+        baselines on original data, which nothing waits for.
+        """
+        if priority is None:
+            training = name.startswith("train:")
+            priority = (0 if name.endswith("-original") else 5) if training else 10
         key = _hash(name, _to_json(config), [self.keys[i] for i in inputs])
         self.keys[name] = key
         self.inputs[name] = list(inputs)
@@ -407,6 +416,7 @@ class _Graph:
             key=f"{name}-{key}",
             retries=retries,
             resources=resources or None,
+            priority=priority,
             pure=False,
         )
         self.futures[name] = future
