@@ -148,10 +148,10 @@ def test_runs_through_a_scheduler_address_and_skips_on_rerun(
     run_dir = tmp_path / "run"
     first = run_workflow(workflow, run_dir, scheduler=cluster.address)
     assert "rollout" in first.executed and not first.skipped
-    workers = {
-        r["worker"] for r in json.loads((run_dir / "stages.json").read_text())["stages"].values()
-    }
-    assert len(workers - {None}) == 2, "both worker processes took part"
+    records = json.loads((run_dir / "stages.json").read_text())["stages"].values()
+    used = {r["worker"] for r in records} - {None}
+    # Every stage ran on the external cluster's worker processes (which ones is Dask's choice).
+    assert used and used <= set(cluster.client.scheduler_info()["workers"])
     shard_set = ShardSet.open(run_dir / "shards" / "augmented")
     assert len(shard_set.shards) == 4 and shard_set.episodes == 8
     metrics = json.loads((run_dir / "metrics.json").read_text())
