@@ -72,6 +72,17 @@ OPTIONAL_FIELDS: tuple[str, ...] = (
     "source",
 )
 ALL_FIELDS: tuple[str, ...] = REQUIRED_FIELDS + OPTIONAL_FIELDS
+SPACE_META_KEYS: tuple[str, ...] = (
+    "dataset_id",
+    "observation_space",
+    "action_space",
+    "env_spec",
+    "eval_env_spec",
+    "ref_min_score",
+    "ref_max_score",
+    "observation_keys",
+)
+"""``meta`` keys describing where data lives (spaces, env, scores); derived data keeps them."""
 
 # The dtype each rank-1 column must have; observations and actions are checked by kind.
 _COLUMN_DTYPES: dict[str, np.dtype[Any]] = {

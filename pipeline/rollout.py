@@ -578,19 +578,9 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
     kwargs: dict[str, Any] = {}
     if task.config.max_episode_steps is not None:
         kwargs["max_episode_steps"] = task.config.max_episode_steps
-    meta = {
-        key: data.meta.get(key)
-        for key in (
-            "observation_space",
-            "action_space",
-            "env_spec",
-            "eval_env_spec",
-            "ref_min_score",
-            "ref_max_score",
-            "observation_keys",
-            "dataset_id",
-        )
-    }
+    from offaug.datasets.transitions import SPACE_META_KEYS
+
+    meta = {key: data.meta.get(key) for key in SPACE_META_KEYS}
     meta["format"] = "offaug-rollout"
     meta["provenance"] = {
         "source": task.source,

@@ -35,18 +35,9 @@ _STATE_KEYS = ["qpos", "qvel"]
 
 
 def _meta_subset(meta: Any) -> dict[str, Any]:
-    keys = (
-        "dataset_id",
-        "observation_space",
-        "action_space",
-        "env_spec",
-        "eval_env_spec",
-        "ref_min_score",
-        "ref_max_score",
-        "observation_keys",
-        "format",
-    )
-    return {k: meta.get(k) for k in keys}
+    from offaug.datasets.transitions import SPACE_META_KEYS
+
+    return {k: meta.get(k) for k in (*SPACE_META_KEYS, "format")}
 
 
 def prepare_source(config: SourceConfig) -> DatasetRef:
