@@ -586,18 +586,23 @@ def _push(dataset_id: str, root: Path | None) -> None:
     console.print(f"uploaded {dataset_id}")
 
 
+def _load_workflow(path: Path) -> Any:
+    """A validated workflow, or every problem printed (file:line, field) and exit 2."""
+    from offaug.pipeline.workflow import WorkflowError, load_workflow
+
+    try:
+        return load_workflow(path)
+    except WorkflowError as exc:
+        err_console.print(f"[bold red]invalid workflow[/]\n{exc}", highlight=False)
+        raise typer.Exit(code=2) from exc
+
+
 @app.command()
 def validate(
     workflow: Annotated[Path, typer.Argument(help="A workflow YAML file.")],
 ) -> None:
     """Check a workflow file without running it."""
-    from offaug.pipeline.workflow import WorkflowError, load_workflow
-
-    try:
-        loaded = load_workflow(workflow)
-    except WorkflowError as exc:
-        err_console.print(f"[bold red]invalid workflow[/]\n{exc}", highlight=False)
-        raise typer.Exit(code=2) from exc
+    loaded = _load_workflow(workflow)
     console.print(f"{workflow}: valid ({loaded.name}, hash {loaded.digest()})")
 
 
@@ -616,13 +621,8 @@ def run(
     from rich.live import Live
 
     from offaug.pipeline.graph import StageFailed, run_workflow
-    from offaug.pipeline.workflow import WorkflowError, load_workflow
 
-    try:
-        loaded = load_workflow(workflow)
-    except WorkflowError as exc:
-        err_console.print(f"[bold red]invalid workflow[/]\n{exc}", highlight=False)
-        raise typer.Exit(code=2) from exc
+    loaded = _load_workflow(workflow)
     run_dir = out or Path("runs") / loaded.name
     states: dict[str, str] = {}
 
