@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 from distributed.diagnostics.plugin import WorkerPlugin
+from pydantic import BaseModel
 
 from offaug.datasets.shards import ShardRef, file_checksum, write_json_atomic
 from offaug.pipeline import stages
@@ -57,8 +58,18 @@ class StageFailed(RuntimeError):
 
 
 def _hash(*parts: Any) -> str:
-    text = json.dumps(parts, sort_keys=True, default=str)
+    """A stage key: the same for equal configs however their YAML orders mapping keys."""
+    text = json.dumps(parts, sort_keys=True, default=_key_default)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _key_default(value: Any) -> Any:
+    # A pydantic model hashes by its JSON dump, never by str(): str() keeps the insertion order
+    # of nested dicts, so the same workflow loaded from a key-sorted YAML got another key and
+    # reran stages that had finished.
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return str(value)
 
 
 def _to_json(value: Any) -> Any:

@@ -243,3 +243,26 @@ def test_workflow_files_validate(tmp_path: Path) -> None:
         load_workflow(bad)
     message = str(info.value)
     assert "rollout.episodes" in message and "rollout.nosie" in message and "bad.yaml:" in message
+
+
+def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None:
+    """A workflow written out by ``yaml.safe_dump`` (keys sorted) and read back keeps its stage
+    keys, so ``offaug run`` on that file resumes a run started in-process; a changed value
+    changes the key.
+    """
+    from offaug.pipeline.graph import _hash
+
+    workflow = _workflow(
+        tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 32}}}
+    )
+    reloaded = Workflow.model_validate(
+        yaml.safe_load(yaml.safe_dump(workflow.model_dump(mode="json"), sort_keys=True))
+    )
+    assert list(reloaded.train.configs["bc"]) != list(workflow.train.configs["bc"])
+    changed = _workflow(tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 33}}})
+
+    def key(w: Workflow) -> str:
+        return _hash("train:bc-original", {"train": w.train, "evaluation": w.evaluation}, [])
+
+    assert key(reloaded) == key(workflow)
+    assert key(changed) != key(workflow)
