@@ -642,6 +642,8 @@ def run(
                 states[stage] = f"[green]done[/] {details['seconds']:.1f} s on {worker}"
             elif event == "skipped":
                 states[stage] = "[cyan]up to date (skipped)[/]"
+            elif event == "planned":
+                states[stage] = "[dim]waiting[/]"
             else:
                 states[stage] = "[yellow]running[/]"
             live.update(render())

@@ -1125,6 +1125,7 @@ def run_diagnostics(
     seed: int,
     *,
     settings: DiagnosticsSettings | None = None,
+    parts: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Compute every diagnostic (module docstring), write ``out`` (JSON) atomically, return it.
 
@@ -1137,9 +1138,11 @@ def run_diagnostics(
         out: The JSON file to write.
         seed: Seed of every sample drawn here.
         settings: Sizes the workflow does not set (defaults: :class:`DiagnosticsSettings`).
+        parts: The per-policy checks of ``models`` already made by :func:`diagnose_policy`
+            (the pipeline runs them as stages of their own); computed here when None.
     """
     with _single_threaded():
-        result = _diagnose(data, augmented, bc, models, config, seed, settings)
+        result = _diagnose(data, augmented, bc, models, config, seed, settings, parts)
     from offaug.datasets.shards import write_json_atomic
 
     path = Path(out)
@@ -1194,6 +1197,7 @@ def _diagnose(
     config: DiagnosticsModel,
     seed: int,
     settings: DiagnosticsSettings | None,
+    parts: Sequence[Mapping[str, Any]] | None,
 ) -> dict[str, Any]:
     from offaug.algorithms.train import load_trainer
     from offaug.datasets import ShardSet, load_transitions
@@ -1214,10 +1218,6 @@ def _diagnose(
             augmented_data = shard_set.load(verify=False)
         bc_trainer = load_trainer(bc.path, device="cpu")
         behaviour = BehaviourModel.from_trainer(bc_trainer)
-        policies = []
-        for model in models:
-            trainer = load_trainer(model.path, device="cpu")
-            policies.append(_Policy(model.name, trainer.act, getattr(trainer, "q_values", None)))
 
     result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -1249,48 +1249,43 @@ def _diagnose(
             )
 
     # One sample of whole episodes serves every policy check: each policy acts on it once.
-    rows = sample_episodes(original.episode_ids, config.max_states, rng)
-    sample = _Sample(
-        rows=rows,
-        states=_flat(original.observations[rows]),
-        actions=np.asarray(original.actions[rows]),
-        next_states=_flat(original.next_observations[rows]),
-        rewards=np.asarray(original.rewards[rows], dtype=np.float64),
-        terminals=np.asarray(original.terminals[rows], dtype=bool),
-        episode_ids=np.asarray(original.episode_ids[rows]),
-        returns=discounted_returns(original.rewards, original.episode_ids, gamma)[rows],
-        complete=complete_returns(original.terminals, original.episode_ids, gamma)[rows],
-    )
-    with timer("policies"):
-        greedy = {p.name: batched_act(p.act, sample.states) for p in policies}
+    sample = _draw_sample(original, config, seed)
+    if parts is None:
+        parts = [
+            _policy_part(data, bc, model, config, seed, index, settings)
+            for index, model in enumerate(models)
+        ]
     with timer("divergence"):
         noise = shard_set.params.get("noise") if shard_set is not None else None
         result["divergence"] = _divergence_section(
-            behaviour, bc_trainer, policies, greedy, sample, augmented_data, noise, rng
+            behaviour, bc_trainer, parts, sample, augmented_data, noise, rng
         )
-    with timer("evaluation"):
-        episodes = _evaluation_episodes(data.meta, policies, seed, settings)
+    evaluations = [part["evaluation"] for part in parts]
+    if any(entry is None for entry in evaluations):  # no environment to evaluate in
         result["evaluation"] = None
         result["ranking"] = None
-        if episodes is not None:
-            result["evaluation"] = {
-                name: _evaluation_entry(runs, gamma, data.meta) for name, runs in episodes.items()
-            }
-            result["ranking"] = rank_results(
-                [{"name": name, **entry} for name, entry in result["evaluation"].items()]
-            )
-    with timer("value"):
-        result["value"] = {
-            policy.name: _value_entry(
-                policy, sample, behaviour.actions, episodes, gamma, settings, rng
-            )
-            for policy in policies
-            if policy.q_values is not None
-        }
-    with timer("ope"):
-        result["ope"] = _ope_section(
-            behaviour, policies, greedy, sample, episodes, gamma, settings, seed
+    else:
+        result["evaluation"] = {part["name"]: part["evaluation"] for part in parts}
+        result["ranking"] = rank_results(
+            [{"name": name, **entry} for name, entry in result["evaluation"].items()]
         )
+    result["value"] = {part["name"]: part["value"] for part in parts if part["value"] is not None}
+    lengths = [part["evaluation_max_length"] for part in parts]
+    result["ope"] = {
+        "settings": {
+            "target_sigma": settings.target_sigma,
+            "target_epsilon": settings.target_epsilon,
+            "fqe_steps": settings.fqe_steps,
+            "fqe_tau": settings.fqe_tau,
+            "episodes": len(sample.starts),
+            "transitions": len(sample.rows),
+            # Evaluation episodes shorter than ~3 effective horizons are cut by the time limit:
+            # FQE (infinite horizon) then reads high against their returns.
+            "evaluation_max_length": max((n for n in lengths if n is not None), default=None),
+        },
+        **{part["name"]: part["ope"] for part in parts if part["ope"] is not None},
+    }
+    timer.seconds.update({f"policy:{part['name']}": part["seconds"] for part in parts})
     result["timings"] = timer.seconds
     converted: dict[str, Any] = jsonable(result)
     return converted
@@ -1321,8 +1316,7 @@ class _Sample:
 def _divergence_section(
     behaviour: BehaviourModel,
     bc_trainer: Any,
-    policies: Sequence[_Policy],
-    greedy: Mapping[str, npt.NDArray[Any]],
+    parts: Sequence[Mapping[str, Any]],
     sample: _Sample,
     augmented_data: Any | None,
     noise_text: str | None,
@@ -1346,10 +1340,8 @@ def _divergence_section(
             None if log_ratio is None or log_ratio.size == 0 else -float(log_ratio.mean())
         )
         section["policies"]["rollout"] = rollout_entry
-    for policy in policies:
-        section["policies"][policy.name] = policy_divergence(
-            behaviour, states, dataset_actions, greedy[policy.name]
-        )
+    for part in parts:
+        section["policies"][part["name"]] = part["divergence"]
     return section
 
 
@@ -1427,77 +1419,141 @@ def _value_entry(
     return entry
 
 
-def _ope_section(
+def _ope_entry(
     behaviour: BehaviourModel,
-    policies: Sequence[_Policy],
-    greedy: Mapping[str, npt.NDArray[Any]],
+    policy: _Policy,
+    actions: npt.NDArray[Any],
     sample: _Sample,
-    episodes: Mapping[str, Sequence[Episode]] | None,
+    runs: Sequence[Episode] | None,
     gamma: float,
     settings: DiagnosticsSettings,
     seed: int,
-) -> dict[str, Any]:
-    """FQE and WPDIS of every trained policy from the original data, against the truth."""
-    space = behaviour.actions
-    lengths = [e.length for runs in (episodes or {}).values() for e in runs]
-    section: dict[str, Any] = {
-        "settings": {
-            "target_sigma": settings.target_sigma,
-            "target_epsilon": settings.target_epsilon,
-            "fqe_steps": settings.fqe_steps,
-            "fqe_tau": settings.fqe_tau,
-            "episodes": len(sample.starts),
-            "transitions": len(sample.rows),
-            # Evaluation episodes shorter than ~3 effective horizons are cut by the time limit:
-            # FQE (infinite horizon) then reads high against their returns.
-            "evaluation_max_length": max(lengths) if lengths else None,
-        }
-    }
+) -> dict[str, Any] | None:
+    """FQE and WPDIS of one trained policy from the original data, against the truth."""
     if len(sample.rows) == 0:
-        return section
-    state_features = space.features(sample.actions)
+        return None
+    space = behaviour.actions
     starts = sample.starts
-    for index, policy in enumerate(policies):
-        actions = greedy[policy.name]
-        next_actions = _next_actions(
-            policy.act, sample.states, sample.next_states, sample.episode_ids, actions
-        )
-        fqe = fitted_q_evaluation(
-            sample.states,
-            state_features,
-            sample.rewards,
-            sample.next_states,
-            space.features(next_actions),
-            sample.terminals,
-            sample.states[starts],
-            space.features(actions[starts]),
-            gamma=gamma,
-            settings=settings,
-            seed=seed + index,
-        )
-        log_ratio = target_log_ratio(
-            behaviour,
-            sample.states,
-            sample.actions,
-            actions,
-            sigma=settings.target_sigma,
-            epsilon=settings.target_epsilon,
-        )
-        wpdis = weighted_per_decision_is(sample.rewards, sample.episode_ids, log_ratio, gamma)
-        truth = None
-        if episodes is not None and episodes.get(policy.name):
-            truth = episode_records(episodes[policy.name], gamma)["mean_discounted_return"]
-        section[policy.name] = {
-            "fqe": fqe,
-            "wpdis": wpdis["estimate"],
-            "wpdis_ess_fraction": wpdis["ess_fraction"],
-            "true_discounted_return": truth,
-            "fqe_error": None if truth is None else fqe - truth,
-            "wpdis_error": (
-                None if truth is None or wpdis["estimate"] is None else wpdis["estimate"] - truth
-            ),
-        }
-    return section
+    next_actions = _next_actions(
+        policy.act, sample.states, sample.next_states, sample.episode_ids, actions
+    )
+    fqe = fitted_q_evaluation(
+        sample.states,
+        space.features(sample.actions),
+        sample.rewards,
+        sample.next_states,
+        space.features(next_actions),
+        sample.terminals,
+        sample.states[starts],
+        space.features(actions[starts]),
+        gamma=gamma,
+        settings=settings,
+        seed=seed,
+    )
+    log_ratio = target_log_ratio(
+        behaviour,
+        sample.states,
+        sample.actions,
+        actions,
+        sigma=settings.target_sigma,
+        epsilon=settings.target_epsilon,
+    )
+    wpdis = weighted_per_decision_is(sample.rewards, sample.episode_ids, log_ratio, gamma)
+    truth = episode_records(runs, gamma)["mean_discounted_return"] if runs else None
+    return {
+        "fqe": fqe,
+        "wpdis": wpdis["estimate"],
+        "wpdis_ess_fraction": wpdis["ess_fraction"],
+        "true_discounted_return": truth,
+        "fqe_error": None if truth is None else fqe - truth,
+        "wpdis_error": (
+            None if truth is None or wpdis["estimate"] is None else wpdis["estimate"] - truth
+        ),
+    }
+
+
+def _draw_sample(original: Any, config: DiagnosticsModel, seed: int) -> _Sample:
+    """The shared sample of whole episodes, drawn from its own seed so every per-policy stage
+    draws the same one."""
+    rows = sample_episodes(
+        original.episode_ids, config.max_states, np.random.default_rng([seed, 1])
+    )
+    gamma = config.gamma
+    return _Sample(
+        rows=rows,
+        states=_flat(original.observations[rows]),
+        actions=np.asarray(original.actions[rows]),
+        next_states=_flat(original.next_observations[rows]),
+        rewards=np.asarray(original.rewards[rows], dtype=np.float64),
+        terminals=np.asarray(original.terminals[rows], dtype=bool),
+        episode_ids=np.asarray(original.episode_ids[rows]),
+        returns=discounted_returns(original.rewards, original.episode_ids, gamma)[rows],
+        complete=complete_returns(original.terminals, original.episode_ids, gamma)[rows],
+    )
+
+
+def diagnose_policy(
+    data: DatasetRef,
+    bc: ModelRef,
+    model: ModelRef,
+    config: DiagnosticsModel,
+    seed: int,
+    index: int,
+    *,
+    settings: DiagnosticsSettings | None = None,
+) -> dict[str, Any]:
+    """The checks of one trained policy: divergence from beta_hat, fresh evaluation episodes,
+    Q against Monte-Carlo returns and OPE (FQE seeded ``seed + index``, WPDIS).
+
+    A stage of its own in the pipeline, run as soon as that policy is trained (in parallel with
+    the other trainings); :func:`run_diagnostics` merges the parts. Returns ``{name,
+    divergence, evaluation, value, ope, evaluation_max_length, seconds}`` (JSON-ready).
+    """
+    with _single_threaded():
+        part = _policy_part(data, bc, model, config, seed, index, settings)
+    converted: dict[str, Any] = jsonable(part)
+    return converted
+
+
+def _policy_part(
+    data: DatasetRef,
+    bc: ModelRef,
+    model: ModelRef,
+    config: DiagnosticsModel,
+    seed: int,
+    index: int,
+    settings: DiagnosticsSettings | None,
+) -> dict[str, Any]:
+    from offaug.algorithms.train import load_trainer
+    from offaug.datasets import load_transitions
+
+    settings = settings or DiagnosticsSettings()
+    started = time.perf_counter()
+    original = load_transitions(data.source)
+    behaviour = BehaviourModel.from_trainer(load_trainer(bc.path, device="cpu"))
+    trainer = load_trainer(model.path, device="cpu")
+    policy = _Policy(model.name, trainer.act, getattr(trainer, "q_values", None))
+    sample = _draw_sample(original, config, seed)
+    greedy = batched_act(policy.act, sample.states)
+    divergence = policy_divergence(behaviour, sample.states, sample.actions, greedy)
+    episodes = _evaluation_episodes(data.meta, [policy], seed, settings)
+    runs = None if episodes is None else episodes.get(policy.name)
+    gamma = config.gamma
+    evaluation = None if runs is None else _evaluation_entry(runs, gamma, data.meta)
+    value = None
+    if policy.q_values is not None:
+        rng = np.random.default_rng([seed, 2, index])
+        value = _value_entry(policy, sample, behaviour.actions, episodes, gamma, settings, rng)
+    ope = _ope_entry(behaviour, policy, greedy, sample, runs, gamma, settings, seed + index)
+    return {
+        "name": model.name,
+        "divergence": divergence,
+        "evaluation": evaluation,
+        "value": value,
+        "ope": ope,
+        "evaluation_max_length": max((e.length for e in runs), default=None) if runs else None,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def diagnose_run(
@@ -1569,6 +1625,7 @@ __all__ = [
     "complete_returns",
     "data_section",
     "data_summary",
+    "diagnose_policy",
     "diagnose_run",
     "discounted_returns",
     "effective_sample_size",

@@ -1,8 +1,10 @@
 """Build the Dask graph of a workflow's stages and compute it, skipping what is already done.
 
-The one module that imports Dask. Stages (:mod:`offaug.pipeline.stages`) are submitted with
-``client.submit``; a stage's inputs are the futures (or recorded results) of the stages it
-depends on, so Dask runs independent stages (rollout tasks, learners) in parallel.
+The one module that drives Dask. Stages (:mod:`offaug.pipeline.stages`) are submitted with
+``client.submit`` as soon as the stages they depend on have finished and a worker thread is
+free (:class:`_Graph`), so independent stages (rollout tasks, learners, each learner's
+diagnostics) run in parallel and a long stage never waits behind another on a busy worker.
+Stages pass small references (paths, checksums), never arrays.
 
 **Skipping and resuming.** Every stage has a key: a hash of its name, its part of the workflow
 and the keys of its inputs. A finished stage's record (key, result, seconds, worker) is written
@@ -15,8 +17,9 @@ one parameter changes the keys of that stage and of everything downstream, and n
 rescheduled by the scheduler. Stage outputs are written atomically under deterministic names,
 so a rerun task replaces, never duplicates.
 
-**Workers.** A worker plugin pins torch and BLAS to the worker's thread count (one per core by
-default) so parallel tasks do not oversubscribe the machine.
+**Workers.** A worker plugin (:mod:`offaug.pipeline.workers`) pins torch and BLAS to the
+worker's thread count (one per core by default) so parallel tasks do not oversubscribe the
+machine, and imports torch in the background while the first stages run.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from distributed.diagnostics.plugin import WorkerPlugin
 from pydantic import BaseModel
 
 from offaug.datasets.shards import ShardRef, file_checksum, write_json_atomic
 from offaug.pipeline import stages
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
 from offaug.pipeline.rollout import RolloutShard
+from offaug.pipeline.workers import WorkerSetup, _timed
 from offaug.pipeline.workflow import Workflow
 
 RESULT_TYPES: dict[str, type[Any]] = {
@@ -126,6 +129,8 @@ def _outputs_verify(result: Any) -> bool:
             return False
         keys = {"info_keys": ["qpos", "qvel"] if result.has_simulator_state else []}
         return cache_key(resolved, keys) == result.identity
+    if isinstance(result, dict) and result.get("kind") == "files":
+        return all(Path(p).is_file() for p in result["paths"])
     if isinstance(result, dict) and "path" in result and result.get("kind") == "file":
         return Path(result["path"]).is_file()
     return True
@@ -170,20 +175,6 @@ class StageRecords:
         write_json_atomic(self.path, {"stages": self.records})
 
 
-def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float, str | None]:
-    """Run a stage function, returning its result, seconds and the worker's address."""
-    start = time.perf_counter()
-    result = function(*args)
-    worker: str | None = None
-    try:
-        from distributed import get_worker
-
-        worker = get_worker().address
-    except ValueError:
-        worker = None
-    return result, time.perf_counter() - start, worker
-
-
 @dataclasses.dataclass
 class RunResult:
     """What a run produced."""
@@ -195,23 +186,6 @@ class RunResult:
     wall_seconds: float
     stage_seconds: dict[str, float]
     dashboard: str | None
-
-
-class WorkerSetup(WorkerPlugin):
-    """A Dask worker plugin: pin torch and BLAS threads, flush denormals."""
-
-    name = "offaug-worker-setup"
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-
-    def setup(self, worker: Any) -> None:
-        from threadpoolctl import threadpool_limits
-
-        from offaug.algorithms.base import configure_torch
-
-        configure_torch(self.threads)
-        threadpool_limits(limits=self.threads)
 
 
 def connect(workflow: Workflow, scheduler: str | None) -> tuple[Any, Any]:
@@ -254,7 +228,8 @@ def run_workflow(
         run_dir: The run directory (created).
         scheduler: A Dask scheduler address; default the workflow's cluster settings.
         force: Stage names (or prefixes such as ``train``) to rerun even if cached.
-        on_event: Called with (stage, event, details); events: submitted, skipped, finished.
+        on_event: Called with (stage, event, details); events: planned
+            (will run), skipped (up to date), submitted (running or queued), finished.
         client: An existing Dask client (tests); otherwise one is made and closed here.
 
     Raises:
@@ -277,15 +252,12 @@ def run_workflow(
     threads = workflow.cluster.threads_per_worker
     client.register_plugin(WorkerSetup(threads))
     dashboard = getattr(client, "dashboard_link", None)
-    graph = _Graph(client, records, forced, event, workflow)
+    graph = _Graph(client, records, forced, event, workflow, threads)
     try:
         _check_resources(client, workflow)
         names = _build(graph, workflow, layout, threads)
-        graph.wait_all()
+        graph.run()
         results = {name: graph.result(name) for name in names}
-        metrics = summarise(workflow, results)
-        write_json_atomic(layout.metrics, metrics)
-        _write_report(metrics, layout)
     finally:
         if own_client:
             client.close()
@@ -316,53 +288,28 @@ def _check_resources(client: Any, workflow: Workflow) -> None:
     )
 
 
-def summarise(workflow: Workflow, results: dict[str, Any]) -> dict[str, Any]:
-    """metrics.json: scores per learner and data, weight statistics, diagnostics."""
-    training: dict[str, Any] = {}
-    for name, result in results.items():
-        if name.startswith("train:") and isinstance(result, ModelRef):
-            evaluation = result.metrics.get("eval") or {}
-            training[name.removeprefix("train:")] = {
-                "return": evaluation.get("return"),
-                "normalised_score": evaluation.get("normalised_score"),
-                "checkpoint": result.path,
-            }
-    augmented = results.get("rollout")
-    source = results.get("source")
-    metrics: dict[str, Any] = {
-        "workflow": workflow.name,
-        "workflow_hash": workflow.digest(),
-        "source": {"dataset": source.source, "rows": source.rows, "episodes": source.episodes}
-        if isinstance(source, DatasetRef)
-        else None,
-        "augmented": {
-            "rows": augmented.rows,
-            "episodes": augmented.episodes,
-            "shards": augmented.shards,
-            "faults": augmented.faults,
-        }
-        if isinstance(augmented, AugmentedRef)
-        else None,
-        "weights": augmented.weight_stats if isinstance(augmented, AugmentedRef) else None,
-        "training": training,
-    }
-    if "diagnose" in results:
-        metrics["diagnostics"] = results["diagnose"]
-    if "publish" in results:
-        metrics["publish"] = results["publish"]
-    return metrics
+@dataclasses.dataclass
+class _Planned:
+    """A stage that will run: what to call, with which arguments, once its inputs are done."""
 
-
-def _write_report(metrics: dict[str, Any], layout: RunLayout) -> None:
-    try:
-        from offaug.pipeline.report import write_report
-    except ImportError:
-        return
-    write_report(metrics, layout.report)
+    function: Callable[..., Any]
+    args: tuple[Any, ...]
+    resources: dict[str, float] | None
+    retries: int
 
 
 class _Graph:
-    """Submits stages, short-circuiting the ones whose records are still valid."""
+    """Runs stages on a Dask client, short-circuiting the ones whose records are still valid.
+
+    Dispatch is client-side: a stage is submitted when its inputs have finished and a worker
+    thread is free, in the order the stages were added (long baseline trainings first). Handing
+    Dask the whole graph up front stranded work: a stage whose inputs finished while every
+    worker was busy was assigned at once to one busy worker, and Dask's work stealing, which
+    knows nothing of an hour-long task it has never timed, did not move it when the other
+    worker went idle; on the quickstart one worker sat idle for 40 s of a 93 s run. A stage
+    that asks for a resource (``GPU: 1``) is submitted as soon as it is ready: the scheduler
+    holds it until a worker with that resource is free.
+    """
 
     def __init__(
         self,
@@ -371,15 +318,18 @@ class _Graph:
         forced: tuple[str, ...],
         event: Callable[[str, str, dict[str, Any]], None],
         workflow: Workflow,
+        threads: int,
     ) -> None:
         self.client = client
+        self.threads = threads
         self.records = records
         self.forced = forced
         self.event = event
         self.workflow = workflow
         self.keys: dict[str, str] = {}
         self.values: dict[str, Any] = {}
-        self.futures: dict[str, Any] = {}
+        self.planned: dict[str, _Planned] = {}
+        self.running: dict[Any, str] = {}
         self.inputs: dict[str, list[str]] = {}
         self.skipped: list[str] = []
         self.executed: list[str] = []
@@ -394,21 +344,16 @@ class _Graph:
         *args: Any,
         resources: dict[str, float] | None = None,
         retries: int = 2,
-        priority: int | None = None,
     ) -> None:
         """Add a stage: ``function(*args)`` where args may name other stages via :class:`Ref`.
 
-        ``priority``: higher runs first when workers are scarce. By default stages keep their
-        submission order, which starts the long baseline trainings first: measured on the
-        quickstart, putting the short critical path (BC, rollouts) first left one worker idle
-        at the end and made the run 12% longer.
+        The stage is skipped (its recorded result reused) when its key is unchanged, its
+        outputs verify, it is not forced and none of its inputs reruns.
         """
-        if priority is None:
-            priority = 0
         key = _hash(name, _to_json(config), [self.keys[i] for i in inputs])
         self.keys[name] = key
         self.inputs[name] = list(inputs)
-        rerun_upstream = any(i in self.futures for i in inputs)
+        rerun_upstream = any(i in self.planned for i in inputs)
         forced = any(
             name == f or name.startswith(f"{f}:") or name.split(":")[0] == f for f in self.forced
         )
@@ -419,42 +364,58 @@ class _Graph:
                 self.skipped.append(name)
                 self.event(name, "skipped", {"key": key})
                 return
-        resolved = [self._resolve(a) for a in args]
-        future = self.client.submit(
-            _timed,
-            function,
-            *resolved,
-            key=f"{name}-{key}",
-            retries=retries,
-            resources=resources or None,
-            priority=priority,
-            pure=False,
-        )
-        self.futures[name] = future
-        self.event(name, "submitted", {"key": key})
+        self.planned[name] = _Planned(function, args, resources, retries)
+        self.event(name, "planned", {"key": key})
 
-    def _resolve(self, arg: Any) -> Any:
+    def _value(self, arg: Any) -> Any:
         if isinstance(arg, Ref):
-            if arg.name in self.futures:
-                return self.client.submit(
-                    _first,
-                    self.futures[arg.name],
-                    key=f"result-{arg.name}-{self.keys[arg.name]}",
-                    pure=False,
-                )
             return self.values[arg.name]
         if isinstance(arg, RefList):
-            return [self._resolve(Ref(n)) for n in arg.names]
+            return [self.values[n] for n in arg.names]
         return arg
 
+    def _submit(self, name: str) -> None:
+        stage = self.planned[name]
+        future = self.client.submit(
+            _timed,
+            stage.function,
+            self.threads,
+            *[self._value(a) for a in stage.args],
+            key=f"{name}-{self.keys[name]}",
+            retries=stage.retries,
+            resources=stage.resources or None,
+            pure=False,
+        )
+        self.running[future] = name
+        self.event(name, "submitted", {"key": self.keys[name]})
+
+    def _threads(self) -> int:
+        # Asked each time: workers die, restart and join while a run goes on.
+        threads: dict[str, int] = self.client.nthreads()
+        return max(1, sum(threads.values()))
+
+    def _dispatch(self, waiting: list[str]) -> None:
+        """Submit the waiting stages whose inputs are done, while worker threads are free."""
+        busy = sum(1 for n in self.running.values() if not self.planned[n].resources)
+        free = self._threads() - busy
+        for name in list(waiting):
+            if not all(i in self.values for i in self.inputs[name]):
+                continue
+            if self.planned[name].resources:
+                self._submit(name)
+            elif free > 0:
+                self._submit(name)
+                free -= 1
+            else:
+                continue
+            waiting.remove(name)
+
     def result(self, name: str) -> Any:
-        """The result of a finished stage (waiting for it if needed)."""
-        if name not in self.values:
-            self.wait(name)
+        """The result of a finished or skipped stage."""
         return self.values[name]
 
-    def wait(self, name: str) -> None:
-        future = self.futures[name]
+    def _finish(self, future: Any) -> None:
+        name = self.running.pop(future)
         try:
             value, seconds, worker = future.result()
         except Exception as exc:
@@ -465,16 +426,19 @@ class _Graph:
         self.records.record(name, self.keys[name], value, seconds, worker, self.inputs[name])
         self.event(name, "finished", {"seconds": seconds, "worker": worker})
 
-    def wait_all(self) -> None:
-        from distributed import as_completed
+    def run(self) -> None:
+        """Run every planned stage; raise :class:`StageFailed` on the first that fails."""
+        from distributed import wait
 
-        pending = {f: n for n, f in self.futures.items() if n not in self.values}
-        for future in as_completed(list(pending)):
-            self.wait(pending[future])
-
-
-def _first(value: tuple[Any, float, str | None]) -> Any:
-    return value[0]
+        waiting = list(self.planned)
+        while waiting or self.running:
+            self._dispatch(waiting)
+            if not self.running:
+                stuck = ", ".join(waiting)
+                raise RuntimeError(f"stages {stuck} wait for inputs that never run (a bug)")
+            done = wait(list(self.running), return_when="FIRST_COMPLETED").done
+            for future in done:
+                self._finish(future)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -592,8 +556,23 @@ def _build(graph: _Graph, workflow: Workflow, layout: RunLayout, threads: int) -
         add_training(algorithm, "augmented")
     names = ["source", "bc", *task_names, "rollout", *model_names]
     if workflow.diagnostics.enabled:
+        # Each trained policy's checks start as soon as it is trained; the merge is short.
+        parts = [f"diagnose:{name.removeprefix('train:')}" for name in model_names]
+        for index, (part, model) in enumerate(zip(parts, model_names, strict=True)):
+            graph.stage(
+                part,
+                stages.diagnose_policy_stage,
+                {"diagnostics": workflow.diagnostics, "index": index},
+                ["source", "bc", model],
+                Ref("source"),
+                Ref("bc"),
+                Ref(model),
+                workflow.diagnostics,
+                seed,
+                index,
+            )
         diag_out = str(layout.root / "diagnostics.json")
-        inputs = ["source", "rollout", "bc", *model_names]
+        inputs = ["source", "rollout", "bc", *model_names, *parts]
         graph.stage(
             "diagnose",
             stages.diagnose_stage,
@@ -606,8 +585,9 @@ def _build(graph: _Graph, workflow: Workflow, layout: RunLayout, threads: int) -
             workflow.diagnostics,
             diag_out,
             seed,
+            RefList(tuple(parts)),
         )
-        names.append("diagnose")
+        names.extend([*parts, "diagnose"])
     if workflow.publish is not None:
         provenance = {"workflow": workflow.name, "workflow_hash": workflow.digest()}
         graph.stage(
@@ -621,4 +601,18 @@ def _build(graph: _Graph, workflow: Workflow, layout: RunLayout, threads: int) -
             provenance,
         )
         names.append("publish")
+    # metrics.json and report.html: a stage like the others (a worker renders the plots while
+    # the client only waits), rerun when any result or the workflow changes.
+    graph.stage(
+        "report",
+        stages.report_stage,
+        workflow.digest(),
+        names,
+        workflow,
+        tuple(names),
+        RefList(tuple(names)),
+        str(layout.metrics),
+        str(layout.report),
+    )
+    names.append("report")
     return names

@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special, stats  # scipy's ndtr/ndtri are vectorised C
+from scipy import special  # scipy's ndtr/ndtri are vectorised C
 
 FloatArray = npt.NDArray[np.float64]
 ComponentKind = Literal["gaussian", "ou", "uniform"]
@@ -283,4 +283,6 @@ class DiscreteNoise:
 
 def gaussian_log_prob(actions: FloatArray, mean: FloatArray, sigma: float) -> FloatArray:
     """Log-density of an untruncated diagonal Gaussian (for tests and comparisons)."""
+    from scipy import stats  # scipy.stats takes a third of a second to import: only here
+
     return np.asarray(stats.norm.logpdf(actions, loc=mean, scale=sigma).sum(-1))

@@ -42,9 +42,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
-from offaug.algorithms.networks import LOG_STD_MAX, LOG_STD_MIN
 from offaug.pipeline.noise import ContinuousNoise, DiscreteNoise, parse_noise, truncnorm_log_prob
 
 logger = logging.getLogger(__name__)
@@ -109,8 +107,14 @@ class BCRolloutPolicy:
     """Adapts an offaug BC trainer (Gaussian policy, or categorical for discrete actions)."""
 
     def __init__(self, trainer: Any) -> None:
+        # torch is imported here, not at module level: the pipeline's stage module imports this
+        # one, and a Dask worker should not pay for torch before a stage that needs it.
+        import torch
+
         from offaug.algorithms.bc import BC
-        from offaug.algorithms.networks import TruncatedGaussianActor
+        from offaug.algorithms.networks import LOG_STD_MAX, LOG_STD_MIN, TruncatedGaussianActor
+
+        self._log_std_bounds = (LOG_STD_MIN, LOG_STD_MAX)
 
         if not isinstance(trainer, BC):
             raise TypeError("rollouts need a BC policy (offaug train bc ...)")
@@ -149,7 +153,7 @@ class BCRolloutPolicy:
         if self.discrete:
             return out, None
         mean, log_std = np.split(out, 2, axis=-1)
-        return np.tanh(mean), np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
+        return np.tanh(mean), np.clip(log_std, *self._log_std_bounds)
 
     def to_env(self, actions: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if self.discrete:

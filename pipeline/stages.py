@@ -29,6 +29,7 @@ from offaug.pipeline.workflow import (
     RolloutModel,
     SourceConfig,
     TrainModel,
+    Workflow,
 )
 
 _STATE_KEYS = ["qpos", "qvel"]
@@ -312,6 +313,20 @@ def train_offline(
     return _model_ref(name, final / "checkpoint.pt", _last_metrics(final))
 
 
+def diagnose_policy_stage(
+    data: DatasetRef,
+    bc: ModelRef,
+    model: ModelRef,
+    config: DiagnosticsModel,
+    seed: int,
+    index: int,
+) -> dict[str, Any]:
+    """One trained policy's diagnostics (:func:`offaug.pipeline.diagnostics.diagnose_policy`)."""
+    from offaug.pipeline.diagnostics import diagnose_policy
+
+    return diagnose_policy(data, bc, model, config, seed, index)
+
+
 def diagnose_stage(
     data: DatasetRef,
     augmented: AugmentedRef | None,
@@ -320,11 +335,12 @@ def diagnose_stage(
     config: DiagnosticsModel,
     out: str,
     seed: int,
+    parts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Distribution-shift diagnostics (see :mod:`offaug.pipeline.diagnostics`), as a dict."""
     from offaug.pipeline.diagnostics import run_diagnostics
 
-    return run_diagnostics(data, augmented, bc, models, config, out, seed)
+    return run_diagnostics(data, augmented, bc, models, config, out, seed, parts=parts)
 
 
 def publish_stage(
@@ -355,3 +371,61 @@ def publish_stage(
         "path": str(getattr(published, "path", "")),
         "include": config.include,
     }
+
+
+def summarise(workflow: Workflow, results: dict[str, Any]) -> dict[str, Any]:
+    """metrics.json: scores per learner and data, weight statistics, diagnostics."""
+    training: dict[str, Any] = {}
+    for name, result in results.items():
+        if name.startswith("train:") and isinstance(result, ModelRef):
+            evaluation = result.metrics.get("eval") or {}
+            training[name.removeprefix("train:")] = {
+                "return": evaluation.get("return"),
+                "normalised_score": evaluation.get("normalised_score"),
+                "checkpoint": result.path,
+            }
+    augmented = results.get("rollout")
+    source = results.get("source")
+    metrics: dict[str, Any] = {
+        "workflow": workflow.name,
+        "workflow_hash": workflow.digest(),
+        "source": {"dataset": source.source, "rows": source.rows, "episodes": source.episodes}
+        if isinstance(source, DatasetRef)
+        else None,
+        "augmented": {
+            "rows": augmented.rows,
+            "episodes": augmented.episodes,
+            "shards": augmented.shards,
+            "faults": augmented.faults,
+        }
+        if isinstance(augmented, AugmentedRef)
+        else None,
+        "weights": augmented.weight_stats if isinstance(augmented, AugmentedRef) else None,
+        "training": training,
+    }
+    if "diagnose" in results:
+        metrics["diagnostics"] = results["diagnose"]
+    if "publish" in results:
+        metrics["publish"] = results["publish"]
+    return metrics
+
+
+def report_stage(
+    workflow: Workflow,
+    names: tuple[str, ...],
+    results: list[Any],
+    metrics_path: str,
+    report_path: str,
+) -> dict[str, Any]:
+    """Write ``metrics.json`` (see :func:`summarise`) and ``report.html`` from every result."""
+    from offaug.datasets.shards import write_json_atomic
+
+    metrics = summarise(workflow, dict(zip(names, results, strict=True)))
+    write_json_atomic(Path(metrics_path), metrics)
+    paths = [metrics_path]
+    try:
+        from offaug.pipeline.report import write_report
+    except ImportError:  # matplotlib is optional: metrics.json alone then
+        return {"kind": "files", "paths": paths}
+    write_report(metrics, Path(report_path))
+    return {"kind": "files", "paths": [*paths, report_path]}

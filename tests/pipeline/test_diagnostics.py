@@ -485,7 +485,7 @@ def test_run_diagnostics_writes_every_section(hopper: Hopper, tmp_path: Path) ->
         assert value["rollout"]["n"] > 0
     else:
         assert result["value"] == {}
-    assert set(result["timings"]) >= {"load", "coverage", "ope"}
+    assert set(result["timings"]) >= {"load", "coverage", *(f"policy:{m.name}" for m in models)}
     # The same seed gives the same numbers (timings aside).
     again = diag.run_diagnostics(
         hopper.ref,
@@ -498,6 +498,25 @@ def test_run_diagnostics_writes_every_section(hopper: Hopper, tmp_path: Path) ->
         settings=FAST,
     )
     assert {k: v for k, v in again.items() if k != "timings"} == {
+        k: v for k, v in result.items() if k != "timings"
+    }
+    # The pipeline's way: each policy's part made on its own (a stage), then merged.
+    parts = [
+        diag.diagnose_policy(hopper.ref, hopper.bc, model, CONFIG, 3, index, settings=FAST)
+        for index, model in enumerate(models)
+    ]
+    merged = diag.run_diagnostics(
+        hopper.ref,
+        augmented,
+        hopper.bc,
+        models,
+        CONFIG,
+        str(tmp_path / "merged.json"),
+        3,
+        settings=FAST,
+        parts=parts,
+    )
+    assert {k: v for k, v in merged.items() if k != "timings"} == {
         k: v for k, v in result.items() if k != "timings"
     }
     report = write_report({"diagnostics": result}, tmp_path / "report.html")
