@@ -266,3 +266,36 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
 
     assert key(reloaded) == key(workflow)
     assert key(changed) != key(workflow)
+
+
+def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_path: Path) -> None:
+    """Two stages become ready while one of the two workers is busy: the first runs on the free
+    worker, the second waits for a free worker and runs on the one that frees up, not queued
+    behind the first (the stranding that left a worker idle for 40 s of the quickstart).
+    """
+    from offaug.pipeline.graph import StageRecords, _Graph
+    from offaug.pipeline.layout import RunLayout
+
+    layout = RunLayout(tmp_path / "run")
+    layout.root.mkdir(parents=True)
+    events: list[tuple[str, str]] = []
+    graph = _Graph(
+        cluster.client,
+        StageRecords(layout),
+        (),
+        lambda stage, event, _: events.append((stage, event)),
+        _workflow(tmp_path),
+        1,
+    )
+    graph.stage("long", time.sleep, {"seconds": 1.5}, [], 1.5)
+    graph.stage("short", time.sleep, {"seconds": 0.1}, [], 0.1)
+    graph.stage("first", time.sleep, {"seconds": 2.0}, ["short"], 2.0)
+    graph.stage("second", time.sleep, {"seconds": 0.5}, ["short"], 0.5)
+    graph.run()
+
+    workers = {n: r["worker"] for n, r in json.loads(layout.stages.read_text())["stages"].items()}
+    assert workers["long"] != workers["short"]
+    assert workers["first"] == workers["short"]
+    assert workers["second"] == workers["long"]
+    assert events.index(("second", "submitted")) > events.index(("long", "finished"))
+    assert sorted(graph.executed) == ["first", "long", "second", "short"]
