@@ -299,3 +299,15 @@ def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_pa
     assert workers["second"] == workers["long"]
     assert events.index(("second", "submitted")) > events.index(("long", "finished"))
     assert sorted(graph.executed) == ["first", "long", "second", "short"]
+
+
+def test_worker_side_modules_do_not_import_torch() -> None:
+    """Unpickling a stage or the worker plugin imports these modules on every worker before
+    the first stage runs; torch (seconds to import) is imported in the background instead.
+    """
+    code = (
+        "import sys, offaug.pipeline.stages, offaug.pipeline.workers; "
+        "print(sorted(m for m in ('torch', 'scipy.stats') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
