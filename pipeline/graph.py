@@ -40,7 +40,7 @@ from offaug.datasets.shards import ShardRef, file_checksum, write_json_atomic
 from offaug.pipeline import stages
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
 from offaug.pipeline.rollout import RolloutShard
-from offaug.pipeline.workers import WorkerSetup, _timed
+from offaug.pipeline.workers import WorkerSetup, run_stage
 from offaug.pipeline.workflow import Workflow
 
 RESULT_TYPES: dict[str, type[Any]] = {
@@ -377,7 +377,7 @@ class _Graph:
     def _submit(self, name: str) -> None:
         stage = self.planned[name]
         future = self.client.submit(
-            _timed,
+            run_stage,
             stage.function,
             self.threads,
             *[self._value(a) for a in stage.args],

@@ -25,7 +25,7 @@ class WorkerSetup(WorkerPlugin):
     already run. So setup only pins the thread pools that are loaded and sets the OpenMP
     variables a later torch import reads, and a background thread imports torch while the
     first stages run. Each stage then pins torch and flushes denormals in its own thread
-    (:func:`_timed`): the flush-to-zero flag is per thread.
+    (:func:`run_stage`): the flush-to-zero flag is per thread.
     """
 
     name = "offaug-worker-setup"
@@ -40,23 +40,26 @@ class WorkerSetup(WorkerPlugin):
             os.environ[variable] = str(self.threads)
         threadpool_limits(limits=self.threads)
         threading.Thread(
-            target=_configure_torch, args=(self.threads,), name="offaug-import-torch", daemon=True
+            target=pin_torch, args=(self.threads,), name="offaug-import-torch", daemon=True
         ).start()
 
 
-def _configure_torch(threads: int) -> None:
+def pin_torch(threads: int) -> None:
+    """Pin torch's thread pool and flush denormals in the calling thread (imports torch)."""
     from offaug.algorithms.base import configure_torch
 
     configure_torch(threads)
 
 
-def _timed(function: Callable[..., Any], threads: int, *args: Any) -> tuple[Any, float, str | None]:
-    """Run a stage function, returning its result, seconds and the worker's address."""
+def run_stage(
+    function: Callable[..., Any], threads: int, *args: Any
+) -> tuple[Any, float, str | None]:
+    """Run a stage function on a worker; return its result, seconds and the worker's address."""
     start = time.perf_counter()
     if "torch" in sys.modules:
         # Per thread (flush-to-zero) and cheap once torch is imported; a stage that imports
         # torch itself configures it where it trains (offaug.algorithms.train).
-        _configure_torch(threads)
+        pin_torch(threads)
     result = function(*args)
     worker: str | None = None
     try:
