@@ -4,8 +4,11 @@
 shard set, computes the sections below on at most ``config.max_states`` sampled states each
 (seconds on 2 cores), writes them atomically as JSON and returns them. Each metric is also a
 pure function of arrays, tested on its own. The divergence, value and OPE checks share one sample
-of whole dataset episodes (:func:`sample_episodes`, at most ``max_states`` rows) on which every
-policy acts once; :func:`diagnose_run` re-runs all of it from a run directory.
+of whole dataset episodes (:func:`sample_episodes`, at most ``max_states`` rows, drawn from its
+own seed) on which every policy acts once. Each trained policy's checks are one
+:func:`diagnose_policy` call, which the pipeline runs as a stage of its own as soon as that
+policy is trained, and :func:`run_diagnostics` merges (or computes them itself when not given);
+:func:`diagnose_run` re-runs all of it from a run directory.
 
 Metrics schema (the run's ``metrics["diagnostics"]``). Every number is a plain ``float`` or
 ``int`` (non-finite values are written as ``null``), every array a list; a section that does not
