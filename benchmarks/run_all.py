@@ -18,9 +18,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +70,12 @@ def machine_description() -> dict[str, Any]:
     }
 
 
-def run_script(script: Path, quick: bool, timeout: float | None) -> dict[str, Any]:
+def run_script(
+    script: Path, quick: bool, timeout: float | None, extra: Sequence[str] = ()
+) -> dict[str, Any]:
     """Run one benchmark script; return its records and, if it failed, why."""
-    command = [sys.executable, str(script), *(["--quick"] if quick else [])]
-    log(f"running {script.name}{' --quick' if quick else ''}")
+    command = [sys.executable, str(script), *(["--quick"] if quick else []), *extra]
+    log(f"running {' '.join([script.name, *command[2:]])}")
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -116,6 +120,7 @@ def run_script(script: Path, quick: bool, timeout: float | None) -> dict[str, An
         "seconds": elapsed,
         "records": records,
         "problems": problems,
+        "partial": bool(extra),
     }
 
 
@@ -224,7 +229,21 @@ def main(argv: list[str] | None = None) -> int:
         help="markdown table (default RESULTS.md, or RESULTS-quick.md with --quick)",
     )
     parser.add_argument("--timeout", type=float, default=None, help="seconds per script")
+    parser.add_argument(
+        "--script-args",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help=(
+            "extra arguments for one script, e.g. 'learning=--envs Hopper-v5'; that script's "
+            "records then replace only the previous records of the same benchmark names"
+        ),
+    )
     args = parser.parse_args(argv)
+    extra: dict[str, list[str]] = {}
+    for item in args.script_args:
+        name, _, rest = item.partition("=")
+        extra[name.strip().removeprefix("bench_").removesuffix(".py")] = shlex.split(rest)
 
     scripts = sorted(BENCH_DIR.glob("bench_*.py"))
     if args.only:
@@ -242,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         args.output = BENCH_DIR / f"results{suffix}.json"
     if args.markdown is None:
         args.markdown = BENCH_DIR / f"RESULTS{suffix}.md"
-    runs = [run_script(script, args.quick, args.timeout) for script in scripts]
+    runs = [
+        run_script(
+            script, args.quick, args.timeout, extra.get(script.stem.removeprefix("bench_"), [])
+        )
+        for script in scripts
+    ]
     failures = [
         {k: run[k] for k in ("script", "returncode", "problems")} for run in runs if run["problems"]
     ]
@@ -257,8 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and args.output.is_file():
         # A partial run keeps the other scripts' records from the previous report.
         previous = json.loads(args.output.read_text())
-        rerun = {run["script"] for run in runs}
-        kept = [r for r in previous.get("results", []) if r.get("script") not in rerun]
+        rerun = {run["script"] for run in runs if not run["partial"]}
+        fresh = {r.get("benchmark") for run in runs for r in run["records"]}
+        kept = [
+            r
+            for r in previous.get("results", [])
+            if r.get("script") not in rerun and r.get("benchmark") not in fresh
+        ]
         report["results"] = kept + report["results"]
         report["scripts"] = {**previous.get("scripts", {}), **report["scripts"]}
     write_atomic(args.output, json.dumps(report, indent=2) + "\n")
