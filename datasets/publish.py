@@ -45,7 +45,6 @@ widening from offaug's float32 is exact, so reading the dataset back gives offau
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import itertools
 import json
 import logging
@@ -63,22 +62,23 @@ import xxhash
 
 from offaug.datasets.errors import DataError
 from offaug.datasets.paths import dataset_root, resolve_dataset_dir
+from offaug.datasets.publish_card import (
+    CARD_NAME,
+    CHECKSUMS_NAME,
+    INFO_ALIGNMENT,
+    METADATA_KEY,
+    json_default,
+    minari_metadata,
+    render_card,
+)
 from offaug.datasets.shards import CHECKSUM_ALGORITHM, ShardSet, file_checksum
-from offaug.datasets.transitions import OPTIONAL_FIELDS, Source, Transitions
+from offaug.datasets.transitions import OPTIONAL_FIELDS, Transitions
 
 logger = logging.getLogger(__name__)
 
 PublishFormat = Literal["hdf5", "arrow"]
 Part = Transitions | ShardSet
 
-CARD_NAME = "README.md"
-CHECKSUMS_NAME = "checksums.json"
-METADATA_KEY = "offaug"
-"""The key of ``metadata.json`` that holds offaug's provenance and info-column description."""
-INFO_ALIGNMENT = (
-    "infos row t holds the value of the transition that starts at observation t; the last row "
-    "of every episode (its final observation) is padding"
-)
 
 _HDF5_FILE = "main_data.hdf5"
 _EXTRA_INFO_PREFIX = "infos/"
@@ -855,216 +855,6 @@ def _write_episode_files(directory: str, part: Any, metadata: bytes) -> None:
         handle.write(metadata)
 
 
-# --------------------------------------------------------------------------- metadata, card
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
-
-
-def _as_list(value: str | Sequence[str] | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _minari_metadata(
-    *,
-    dataset_id: str,
-    data_format: PublishFormat,
-    episodes: int,
-    steps: int,
-    spaces_text: tuple[str, str],
-    jpeg_encoding: bool,
-    env_spec: str | None,
-    eval_env_spec: str | None,
-    author: str | Sequence[str] | None,
-    author_email: str | Sequence[str] | None,
-    code_permalink: str | None,
-    algorithm_name: str | None,
-    description: str | None,
-    ref_scores: tuple[float, float] | None,
-    requirements: Sequence[str] | None,
-    offaug: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Minari's metadata keys, in the order ``create_dataset_from_buffers`` writes them."""
-    metadata: dict[str, Any] = {
-        "total_episodes": episodes,
-        "total_steps": steps,
-        "data_format": data_format,
-        "jpeg_encoding": jpeg_encoding,
-        "observation_space": spaces_text[0],
-        "action_space": spaces_text[1],
-    }
-    if env_spec is not None:
-        metadata["env_spec"] = env_spec
-    metadata["dataset_id"] = dataset_id
-    optional = {
-        "code_permalink": code_permalink,
-        "author": _as_list(author),
-        "author_email": _as_list(author_email),
-        "algorithm_name": algorithm_name,
-        "description": description,
-    }
-    metadata.update({k: v for k, v in optional.items() if v is not None})
-    metadata["minari_version"] = importlib.metadata.version("minari")
-    if eval_env_spec is not None:
-        metadata["eval_env_spec"] = eval_env_spec
-    if ref_scores is not None:
-        metadata["ref_max_score"] = ref_scores[1]
-        metadata["ref_min_score"] = ref_scores[0]
-    if requirements is not None:
-        metadata["requirements"] = list(requirements)
-    metadata[METADATA_KEY] = dict(offaug)
-    return metadata
-
-
-def _render_card(
-    *,
-    dataset_id: str,
-    metadata: Mapping[str, Any],
-    spaces: _Spaces,
-    parts: Sequence[tuple[_PartInfo, _PartStats]],
-    columns: Sequence[_InfoColumn],
-    weights: Mapping[str, Any] | None,
-    provenance: Mapping[str, Any],
-    card: str | None,
-) -> str:
-    """The dataset card: what the data is, where it came from, how to load it."""
-    data_format = metadata["data_format"]
-    lines = [f"# {dataset_id}", ""]
-    if metadata.get("description"):
-        lines += [str(metadata["description"]), ""]
-    lines += [
-        f"Published by offaug {provenance['offaug_version']} in Minari's `{data_format}` layout "
-        f"(Minari {metadata['minari_version']}).",
-        "",
-        "```python",
-        "import minari",
-        "from offaug.datasets.publish import load_published",
-        "",
-        f'dataset = minari.load_dataset("{dataset_id}")',
-        f'transitions = load_published("{dataset_id}")  # per-step infos back as columns',
-        "```",
-        "",
-        "## Contents",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| episodes | {metadata['total_episodes']} |",
-        f"| steps | {metadata['total_steps']} |",
-    ]
-    env_id = None
-    if metadata.get("env_spec"):
-        env_id = json.loads(metadata["env_spec"]).get("id")
-    lines += [
-        f"| environment | {env_id or 'not recorded'} |",
-        f"| observation space | `{_one_line(spaces.observation_space)}` |",
-        f"| action space | `{_one_line(spaces.action_space)}` |",
-    ]
-    if "ref_min_score" in metadata:
-        lines.append(
-            f"| reference scores | {metadata['ref_min_score']} (min) .. "
-            f"{metadata['ref_max_score']} (max) |"
-        )
-    lines += ["", "## Parts", ""]
-    lines += [
-        "| part | kind | episodes | steps | mean return | sources | what |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for info, stats in parts:
-        mean_return = stats.returns_sum / stats.episodes if stats.episodes else float("nan")
-        sources = ", ".join(
-            f"{_source_name(code)}: {count}" for code, count in sorted(stats.sources.items())
-        )
-        what = info.description.get("dataset_id") or info.description.get("directory") or ""
-        lines.append(
-            f"| {info.index} | {info.kind} | {stats.episodes} | {stats.rows} | "
-            f"{mean_return:.4g} | {sources or 'not recorded'} | {what} |"
-        )
-    lines += ["", "## Importance weights", ""]
-    if weights is None:
-        lines.append("No part carries `importance_weight`.")
-    else:
-        lines += [
-            "Over the rows that carry a weight: ESS = (Σw)² / Σw².",
-            "",
-            "| rows | mean | min | max | ESS | ESS / N |",
-            "|---|---|---|---|---|---|",
-            f"| {weights['rows']} | {weights['mean']:.4g} | {weights['min']:.4g} | "
-            f"{weights['max']:.4g} | {weights['effective_sample_size']:.6g} | "
-            f"{weights['ess_fraction']:.4f} |",
-        ]
-        per_part = [
-            (info.index, stats.weights.summary()) for info, stats in parts if stats.weights.rows
-        ]
-        if len(per_part) > 1:
-            lines += ["", "| part | rows | ESS | ESS / N |", "|---|---|---|---|"]
-            for index, summary in per_part:
-                assert summary is not None
-                lines.append(
-                    f"| {index} | {summary['rows']} | {summary['effective_sample_size']:.6g} | "
-                    f"{summary['ess_fraction']:.4f} |"
-                )
-    lines += ["", "## Per-step infos", ""]
-    if not columns:
-        lines.append("None.")
-    else:
-        lines += [
-            f"Alignment: {INFO_ALIGNMENT}.",
-            "",
-            "| info | from | dtype | shape | last-row pad | fill where a part lacks it |",
-            "|---|---|---|---|---|---|",
-        ]
-        for column in columns:
-            fill = "—" if column.missing_fill is None else str(column.missing_fill)
-            lines.append(
-                f"| `infos/{column.key}` | `{column.column}` | {column.dtype} | "
-                f"{column.row_shape} | {column.pad} | {fill} |"
-            )
-    lines += ["", "## Provenance", ""]
-    scalars = {k: v for k, v in provenance.items() if not isinstance(v, (Mapping, list, tuple))}
-    for key, value in scalars.items():
-        lines.append(f"- **{key}**: `{value}`")
-    nested = {k: v for k, v in provenance.items() if k not in scalars}
-    if nested:
-        lines += [
-            "",
-            "```json",
-            json.dumps(nested, indent=2, default=_json_default, sort_keys=True),
-            "```",
-        ]
-    lines += [
-        "",
-        "## Files",
-        "",
-        f"`{CHECKSUMS_NAME}` holds the {CHECKSUM_ALGORITHM} digest of every other file; "
-        "`offaug.datasets.publish.verify_published` checks them.",
-    ]
-    if card:
-        lines += ["", "## Notes", "", card.strip()]
-    return "\n".join(lines) + "\n"
-
-
-def _one_line(space: Any) -> str:
-    return " ".join(repr(space).split())
-
-
-def _source_name(code: int) -> str:
-    try:
-        return Source(code).name.lower()
-    except ValueError:
-        return f"unknown ({code})"
-
-
 # --------------------------------------------------------------------------- publishing
 
 
@@ -1363,7 +1153,7 @@ def _write_description(
         "importance_weights": written.weights.summary(),
         "checksums": CHECKSUMS_NAME,
     }
-    metadata = _minari_metadata(
+    metadata = minari_metadata(
         dataset_id=dataset_id,
         data_format=data_format,
         episodes=written.episodes,
@@ -1372,11 +1162,11 @@ def _write_description(
         **minari_fields,
     )
     # Minari's dataset_size: MB of everything under data/ (metadata.json included), to 0.1.
-    draft = json.dumps(metadata, default=_json_default)
+    draft = json.dumps(metadata, default=json_default)
     metadata["dataset_size"] = round((written.data_bytes + len(draft)) / 1e6, 1)
     files = {
-        "data/metadata.json": json.dumps(metadata, default=_json_default).encode(),
-        CARD_NAME: _render_card(
+        "data/metadata.json": json.dumps(metadata, default=json_default).encode(),
+        CARD_NAME: render_card(
             dataset_id=dataset_id,
             metadata=metadata,
             spaces=spaces,
