@@ -5,10 +5,11 @@
   one, on this 2-core machine. Both clusters are up and warmed (modules imported) before
   timing, and the runs alternate between them (median of the repeats).
 * ``orchestration_overhead``: ``workflows/quickstart.yaml`` (full size; a smaller workflow with
-  ``--quick``) through ``run_workflow`` on a fresh LocalCluster, twice. The overhead is the wall time
-  minus the least time the stages' own compute needs on these workers, ``max(critical path,
-  sum / workers)``, as a share of the wall time. The issue's literal figure, wall minus the
-  *sum* of stage times, is reported beside it; with stages in parallel it is negative.
+  ``--quick``) through ``run_workflow`` on a fresh LocalCluster, twice (the mean is reported).
+  The overhead is the wall time minus the least time the stages' own compute needs on these
+  workers, ``max(critical path, sum / workers)``, as a share of the wall time. The issue's
+  literal figure, wall minus the *sum* of stage times, is reported beside it per run; with
+  stages in parallel it is negative.
 
 Usage: ``python benchmarks/bench_pipeline.py [--quick]``; JSON lines on stdout.
 """
