@@ -389,25 +389,44 @@ class _Graph:
         self.running[future] = name
         self.event(name, "submitted", {"key": self.keys[name]})
 
-    def _threads(self) -> int:
-        # Asked each time: workers die, restart and join while a run goes on.
+    def _free_threads(self) -> int:
+        """Worker threads with nothing to run, as the scheduler sees them now.
+
+        Asked each time: workers die, restart and join while a run goes on, and on a shared
+        cluster other clients' tasks (or this run's GPU stages) hold threads too. A stage of
+        this run that the scheduler has not placed yet counts as holding one.
+        """
         threads: dict[str, int] = self.client.nthreads()
-        return max(1, sum(threads.values()))
+        processing: dict[str, Any] = self.client.processing()
+        free = sum(max(0, n - len(processing.get(w, ()))) for w, n in threads.items())
+        placed = {str(key) for keys in processing.values() for key in keys}
+        unplaced = sum(
+            1
+            for future, name in self.running.items()
+            if not self.planned[name].resources and str(future.key) not in placed
+        )
+        free -= unplaced
+        if not any(not self.planned[n].resources for n in self.running.values()):
+            # Nothing of ours holds a thread: submit one stage even with no worker free (or
+            # none connected); the scheduler holds it until a thread is.
+            free = max(free, 1)
+        return free
 
     def _dispatch(self, waiting: list[str]) -> None:
         """Submit the waiting stages whose inputs are done, while worker threads are free."""
-        busy = sum(1 for n in self.running.values() if not self.planned[n].resources)
-        free = self._threads() - busy
+        free: int | None = None
         for name in list(waiting):
             if not all(i in self.values for i in self.inputs[name]):
                 continue
             if self.planned[name].resources:
                 self._submit(name)
-            elif free > 0:
+            else:
+                if free is None:
+                    free = self._free_threads()
+                if free <= 0:
+                    continue
                 self._submit(name)
                 free -= 1
-            else:
-                continue
             waiting.remove(name)
 
     def result(self, name: str) -> Any:

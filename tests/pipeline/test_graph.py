@@ -311,3 +311,36 @@ def test_worker_side_modules_do_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_threads_busy_with_another_clients_work_are_not_counted_free(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """On a shared cluster another client's task holds one of the two threads: both stages of
+    this run go to the free worker one after the other instead of one queueing behind it.
+    """
+    from distributed import Client
+
+    from offaug.pipeline.graph import StageRecords, _Graph
+    from offaug.pipeline.layout import RunLayout
+
+    layout = RunLayout(tmp_path / "run")
+    layout.root.mkdir(parents=True)
+    with Client(cluster.address, timeout="30s") as other:
+        busy = other.submit(time.sleep, 8.0, pure=False)
+        deadline = time.time() + 30
+        while not any(other.processing().values()) and time.time() < deadline:
+            time.sleep(0.05)
+        occupied = next(w for w, keys in other.processing().items() if keys)
+        graph = _Graph(
+            cluster.client, StageRecords(layout), (), lambda *_: None, _workflow(tmp_path), 1
+        )
+        graph.stage("a", time.sleep, {"seconds": 0.3}, [], 0.3)
+        graph.stage("b", time.sleep, {"seconds": 0.3}, [], 0.3)
+        started = time.perf_counter()
+        graph.run()
+        elapsed = time.perf_counter() - started
+        assert not busy.done(), f"the other client's task ended first ({elapsed:.1f} s)"
+        busy.result()  # leave the cluster idle for the next test
+    workers = {n: r["worker"] for n, r in json.loads(layout.stages.read_text())["stages"].items()}
+    assert workers["a"] == workers["b"] != occupied
