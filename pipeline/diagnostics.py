@@ -1255,7 +1255,7 @@ def _diagnose(
     sample = _draw_sample(original, config, seed)
     if parts is None:
         parts = [
-            _policy_part(data, bc, model, config, seed, index, settings)
+            _policy_part(data, behaviour, sample, model, config, seed, index, settings)
             for index, model in enumerate(models)
         ]
     with timer("divergence"):
@@ -1512,31 +1512,35 @@ def diagnose_policy(
     the other trainings); :func:`run_diagnostics` merges the parts. Returns ``{name,
     divergence, evaluation, value, ope, evaluation_max_length, seconds}`` (JSON-ready).
     """
+    from offaug.algorithms.train import load_trainer
+    from offaug.datasets import load_transitions
+
     with _single_threaded():
-        part = _policy_part(data, bc, model, config, seed, index, settings)
+        behaviour = BehaviourModel.from_trainer(load_trainer(bc.path, device="cpu"))
+        sample = _draw_sample(load_transitions(data.source), config, seed)
+        part = _policy_part(
+            data, behaviour, sample, model, config, seed, index, settings or DiagnosticsSettings()
+        )
     converted: dict[str, Any] = jsonable(part)
     return converted
 
 
 def _policy_part(
     data: DatasetRef,
-    bc: ModelRef,
+    behaviour: BehaviourModel,
+    sample: _Sample,
     model: ModelRef,
     config: DiagnosticsModel,
     seed: int,
     index: int,
-    settings: DiagnosticsSettings | None,
+    settings: DiagnosticsSettings,
 ) -> dict[str, Any]:
+    """One policy's checks on the shared sample (``run_diagnostics`` passes its own)."""
     from offaug.algorithms.train import load_trainer
-    from offaug.datasets import load_transitions
 
-    settings = settings or DiagnosticsSettings()
     started = time.perf_counter()
-    original = load_transitions(data.source)
-    behaviour = BehaviourModel.from_trainer(load_trainer(bc.path, device="cpu"))
     trainer = load_trainer(model.path, device="cpu")
     policy = _Policy(model.name, trainer.act, getattr(trainer, "q_values", None))
-    sample = _draw_sample(original, config, seed)
     greedy = batched_act(policy.act, sample.states)
     divergence = policy_divergence(behaviour, sample.states, sample.actions, greedy)
     episodes = _evaluation_episodes(data.meta, [policy], seed, settings)
