@@ -252,7 +252,7 @@ def run_workflow(
     threads = workflow.cluster.threads_per_worker
     client.register_plugin(WorkerSetup(threads))
     dashboard = getattr(client, "dashboard_link", None)
-    graph = _Graph(client, records, forced, event, workflow, threads)
+    graph = _Graph(client, records, forced, event, threads)
     try:
         _check_resources(client, workflow)
         names = _build(graph, workflow, layout, threads)
@@ -317,7 +317,6 @@ class _Graph:
         records: StageRecords,
         forced: tuple[str, ...],
         event: Callable[[str, str, dict[str, Any]], None],
-        workflow: Workflow,
         threads: int,
     ) -> None:
         self.client = client
@@ -325,7 +324,6 @@ class _Graph:
         self.records = records
         self.forced = forced
         self.event = event
-        self.workflow = workflow
         self.keys: dict[str, str] = {}
         self.values: dict[str, Any] = {}
         self.planned: dict[str, _Planned] = {}

@@ -284,7 +284,6 @@ def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_pa
         StageRecords(layout),
         (),
         lambda stage, event, _: events.append((stage, event)),
-        _workflow(tmp_path),
         1,
     )
     graph.stage("long", time.sleep, {"seconds": 1.5}, [], 1.5)
@@ -332,9 +331,7 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
         while not any(other.processing().values()) and time.time() < deadline:
             time.sleep(0.05)
         occupied = next(w for w, keys in other.processing().items() if keys)
-        graph = _Graph(
-            cluster.client, StageRecords(layout), (), lambda *_: None, _workflow(tmp_path), 1
-        )
+        graph = _Graph(cluster.client, StageRecords(layout), (), lambda *_: None, 1)
         graph.stage("a", time.sleep, {"seconds": 0.3}, [], 0.3)
         graph.stage("b", time.sleep, {"seconds": 0.3}, [], 0.3)
         started = time.perf_counter()
