@@ -131,8 +131,6 @@ def _outputs_verify(result: Any) -> bool:
         return cache_key(resolved, keys) == result.identity
     if isinstance(result, dict) and result.get("kind") == "files":
         return all(Path(p).is_file() for p in result["paths"])
-    if isinstance(result, dict) and "path" in result and result.get("kind") == "file":
-        return Path(result["path"]).is_file()
     return True
 
 
