@@ -29,7 +29,7 @@ from _common import DATA_DIR, Reporter, log, protect_stdout
 
 HIDDEN = (64, 64)
 # SAC's environment steps for the Hopper-v5 levels: its "expert" is the policy after these
-# steps, the medium one the first at a third of the way there (about 15 minutes here).
+# steps, the medium one the first at a third of the way there (390 s of SAC here).
 HOPPER_SAC_STEPS = 100_000
 
 
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if env_id not in wanted:
             continue
         if args.quick and env_id == "Hopper-v5":
-            continue  # its dataset alone takes ~15 minutes of SAC to make
+            continue  # its dataset alone takes minutes of SAC to make
         data = _dataset(
             env_id,
             level,

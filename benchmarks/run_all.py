@@ -209,6 +209,11 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _short_name(name: str) -> str:
+    """``bench_io.py``, ``bench_io`` and ``io`` all name the script ``io``."""
+    return name.strip().removeprefix("bench_").removesuffix(".py")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks, write results.json and RESULTS.md; 1 when any script failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -243,14 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, list[str]] = {}
     for item in args.script_args:
         name, _, rest = item.partition("=")
-        extra[name.strip().removeprefix("bench_").removesuffix(".py")] = shlex.split(rest)
+        extra[_short_name(name)] = shlex.split(rest)
 
     scripts = sorted(BENCH_DIR.glob("bench_*.py"))
     if args.only:
-        wanted = {
-            name.strip().removeprefix("bench_").removesuffix(".py") for name in args.only.split(",")
-        }
-        scripts = [s for s in scripts if s.stem.removeprefix("bench_") in wanted]
+        wanted = {_short_name(name) for name in args.only.split(",")}
+        scripts = [s for s in scripts if _short_name(s.name) in wanted]
     if not scripts:
         log("no benchmark scripts to run")
         return 1
@@ -262,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown is None:
         args.markdown = BENCH_DIR / f"RESULTS{suffix}.md"
     runs = [
-        run_script(
-            script, args.quick, args.timeout, extra.get(script.stem.removeprefix("bench_"), [])
-        )
+        run_script(script, args.quick, args.timeout, extra.get(_short_name(script.name), []))
         for script in scripts
     ]
     failures = [
