@@ -170,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         # workers only heartbeat).
         with contextlib.ExitStack() as stack:
             clients = {}
-            for workers in (1, 2):
+            for count in (1, 2):
                 cluster = stack.enter_context(
                     LocalCluster(
-                        n_workers=workers,
+                        n_workers=count,
                         threads_per_worker=1,
                         processes=True,
                         dashboard_address=":0",
@@ -181,20 +181,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 client = stack.enter_context(Client(cluster))
                 client.register_plugin(WorkerSetup(1))
-                _rollout_stage(client, data, bc_ref, workflow.rollout, root / f"warm{workers}")
-                clients[workers] = client
+                _rollout_stage(client, data, bc_ref, workflow.rollout, root / f"warm{count}")
+                clients[count] = client
             counter = iter(range(1_000_000))
 
             def run_on(workers: int) -> float:
                 out = root / f"r{workers}-{next(counter)}"
                 return _rollout_stage(clients[workers], data, bc_ref, workflow.rollout, out)
 
-            measured = interleave_many({"2": lambda: run_on(2), "1": lambda: run_on(1)}, repeats)
-        times = {1: measured["1"], 2: measured["2"]}
-        for workers in (1, 2):
-            log(f"{workers} worker(s): {sorted(times[workers])}")
-        one = sorted(times[1])[len(times[1]) // 2]
-        two = sorted(times[2])[len(times[2]) // 2]
+            times = interleave_many({"2": lambda: run_on(2), "1": lambda: run_on(1)}, repeats)
+        for side in ("1", "2"):
+            log(f"{side} worker(s): {sorted(times[side])}")
+        one, two = statistics.median(times["1"]), statistics.median(times["2"])
         reporter.emit(
             {
                 "benchmark": "rollout_stage_2_vs_1_workers",
