@@ -21,10 +21,12 @@ Arrow: one ``pyarrow.dataset`` scan over all episode directories with pyarrow's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -296,6 +298,33 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return context
 
 
+@contextlib.contextmanager
+def _main_not_rerun() -> Iterator[None]:
+    """Start pool processes without re-running the caller's ``__main__`` module in them.
+
+    A forkserver (or spawn) child normally re-executes the parent's main script, so a user's
+    script without an ``if __name__ == "__main__":`` guard would run its top level again in
+    each reader process, side effects included, and fail there with ``BrokenProcessPool``.
+    The readers need nothing from ``__main__`` (the task is this module's ``_read_range``), so
+    while the processes start, ``__main__`` shows multiprocessing neither a file nor a spec:
+    the two attributes it looks at to decide what to re-import.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved: dict[str, Any] = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in vars(main)
+    }
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def _merge_ranges(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(parts) == 1:
         return parts[0]
@@ -374,10 +403,12 @@ def _read_all(
     # forkserver: forking a parent that may hold torch or pyarrow threads is unsafe, a fresh
     # interpreter per call costs a second of imports, and the fork server pays them once.
     with ProcessPoolExecutor(max_workers=len(chunks) - 1, mp_context=_pool_context()) as pool:
-        futures = [
-            pool.submit(_read_range, *args, chunk, list(layout), list(info_keys))
-            for chunk in chunks[1:]
-        ]
+        # The pool starts its processes inside submit().
+        with _main_not_rerun():
+            futures = [
+                pool.submit(_read_range, *args, chunk, list(layout), list(info_keys))
+                for chunk in chunks[1:]
+            ]
         parts = [_read_range(*args, chunks[0], layout, info_keys)]
         parts.extend(f.result() for f in futures)
     return _merge_ranges(parts)

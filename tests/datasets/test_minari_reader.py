@@ -209,3 +209,36 @@ def test_nan_observation_is_refused_with_its_field(make_test_dataset, tmp_path: 
 def test_not_a_dataset_directory(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a Minari dataset"):
         read_minari_dir(tmp_path)
+
+
+def test_parallel_read_from_an_unguarded_script_runs_its_top_level_once(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """A plain script (no ``if __name__ == "__main__":``) that loads a large dataset works.
+
+    Reader processes come from a forkserver, which would otherwise re-run the script's top
+    level in each of them and break the pool.
+    """
+    import subprocess
+    import sys
+
+    made = make_test_dataset("hopper", "hdf5")
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import sys\n"
+        "from offaug.datasets import minari_reader\n"
+        "print('top level ran', flush=True)\n"
+        "minari_reader._PARALLEL_MIN_EPISODES = 2\n"
+        "data = minari_reader.read_minari_dir(sys.argv[1], workers=2)\n"
+        "print('rows', len(data.rewards), flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(made.path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    serial = read_minari_dir(made.path, workers=1)
+    assert done.stdout.splitlines() == ["top level ran", f"rows {len(serial.rewards)}"]
