@@ -3,7 +3,13 @@
 * ``rollout_stage_2_vs_1_workers``: the rollout stage's tasks (real Hopper-v5 rollouts of a BC
   policy, one shard each) on a LocalCluster of two single-threaded worker processes against
   one, on this 2-core machine. Both clusters are up and warmed (modules imported) before
-  timing, and the runs alternate between them (median of the repeats).
+  timing, and the runs alternate between them (median of the repeats). The full run uses the
+  rollout section of ``workflows/hopper_cql.yaml`` (the shipped real-size workflow: its
+  episodes, tasks, parallel environments and noise); the policy is a BC model of a small
+  random-action dataset, whose episodes are short, so each task is small and the dispatch
+  overhead weighs more than in the real workflow. ``absolute`` holds the same clusters'
+  scaling on a bare simulator loop (two ``env.step`` loops, no offaug code): the machine's
+  own 2-vs-1 limit at that moment.
 * ``orchestration_overhead``: ``workflows/quickstart.yaml`` (full size; a smaller workflow with
   ``--quick``) through ``run_workflow`` on a fresh LocalCluster, twice (the mean is reported).
   The overhead is the wall time minus the least time the stages' own compute needs on these
@@ -68,6 +74,24 @@ def _critical_path(stages: dict[str, Any]) -> float:
     return max((finish(n) for n in stages), default=0.0)
 
 
+def _bare_steps(steps: int) -> float:
+    """Seconds for ``steps`` Hopper-v5 steps with zero actions (resetting when done)."""
+    import gymnasium as gym
+    import numpy as np
+
+    env = gym.make("Hopper-v5")
+    env.reset(seed=0)
+    action = np.zeros(env.action_space.shape, dtype=np.float32)
+    start = time.perf_counter()
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            env.reset()
+    seconds = time.perf_counter() - start
+    env.close()  # type: ignore[no-untyped-call]
+    return seconds
+
+
 def _rollout_stage(client: Any, data: Any, bc: Any, config: Any, out: Path) -> float:
     from offaug.pipeline import stages
 
@@ -90,22 +114,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from offaug.pipeline import stages
     from offaug.pipeline.graph import WorkerSetup, run_workflow
+    from offaug.pipeline.workflow import load_workflow
 
-    tasks, episodes = (4, 80) if args.quick else (8, 320)
+    workflows = Path(__file__).resolve().parents[1] / "workflows"
     repeats = 3 if args.quick else 9
     with scratch_dir("pipeline-") as root:
         os.environ["MINARI_DATASETS_PATH"] = str(root / "minari")
         os.environ["OFFAUG_CACHE_DIR"] = str(root / "cache")
-        workflow = _workflow(root, args.quick, tasks, episodes)
+        workflow = _workflow(root, args.quick, 4, 80)
         if args.quick:
             measured = workflow
+            rollout = workflow.rollout
         else:
-            from offaug.pipeline.workflow import load_workflow
-
-            measured = load_workflow(
-                Path(__file__).resolve().parents[1] / "workflows" / "quickstart.yaml"
-            )
+            measured = load_workflow(workflows / "quickstart.yaml")
             measured = measured.model_copy(update={"publish": None})
+            rollout = load_workflow(workflows / "hopper_cql.yaml").rollout
         # Two whole runs, each into a fresh run directory on a fresh LocalCluster (its start
         # and shutdown included); the first also makes the source dataset (stage compute).
         runs = []
@@ -181,18 +204,35 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 client = stack.enter_context(Client(cluster))
                 client.register_plugin(WorkerSetup(1))
-                _rollout_stage(client, data, bc_ref, workflow.rollout, root / f"warm{count}")
+                _rollout_stage(client, data, bc_ref, rollout, root / f"warm{count}")
                 clients[count] = client
             counter = iter(range(1_000_000))
 
             def run_on(workers: int) -> float:
                 out = root / f"r{workers}-{next(counter)}"
-                return _rollout_stage(clients[workers], data, bc_ref, workflow.rollout, out)
+                return _rollout_stage(clients[workers], data, bc_ref, rollout, out)
 
-            times = interleave_many({"2": lambda: run_on(2), "1": lambda: run_on(1)}, repeats)
+            def bare_on(workers: int) -> float:
+                start = time.perf_counter()
+                futures = [
+                    clients[workers].submit(_bare_steps, 20_000, pure=False) for _ in range(2)
+                ]
+                clients[workers].gather(futures)
+                return time.perf_counter() - start
+
+            times = interleave_many(
+                {
+                    "2": lambda: run_on(2),
+                    "1": lambda: run_on(1),
+                    "bare2": lambda: bare_on(2),
+                    "bare1": lambda: bare_on(1),
+                },
+                repeats,
+            )
         for side in ("1", "2"):
             log(f"{side} worker(s): {sorted(times[side])}")
         one, two = statistics.median(times["1"]), statistics.median(times["2"])
+        bare = statistics.median(times["bare1"]) / statistics.median(times["bare2"])
         reporter.emit(
             {
                 "benchmark": "rollout_stage_2_vs_1_workers",
@@ -203,8 +243,22 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio": one / two,
                 "goal": 1.7,
                 "repeats": repeats,
-                "size": {"tasks": tasks, "episodes": episodes, "env": "Hopper-v5", "n_envs": 8},
+                "size": {
+                    "tasks": rollout.tasks,
+                    "episodes": rollout.episodes,
+                    "n_envs": rollout.n_envs,
+                    "noise": rollout.noise,
+                    "env": "Hopper-v5",
+                    "from": "quick workflow" if args.quick else "workflows/hopper_cql.yaml",
+                },
                 "seconds": {"two_workers_median": two, "one_worker_median": one},
+                "absolute": {
+                    "bare_simulator_2_vs_1": bare,
+                    "bare_simulator": (
+                        "two 20,000-step Hopper-v5 env.step loops submitted to the same "
+                        "clusters, interleaved with the stage runs: the machine's own 2-vs-1"
+                    ),
+                },
                 "notes": (
                     "2-core machine; each worker one process, one torch/BLAS thread; "
                     "both clusters warmed up, then stage runs alternate between them"

