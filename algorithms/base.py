@@ -237,6 +237,11 @@ def to_tensor(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
     return torch.tensor(np.asarray(array, dtype=np.float32), device=device)
 
 
+def index_tensor(indices: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
+    """Discrete action indices as an int64 tensor on ``device`` (a copy, like :func:`to_tensor`)."""
+    return torch.tensor(np.asarray(indices, dtype=np.int64), device=device)
+
+
 class ActionNormaliser(nn.Module):
     """Maps Box actions to ``[-1, 1]`` inside the trainer (identity for discrete actions)."""
 

@@ -26,6 +26,7 @@ from offaug.algorithms.base import (
     Spaces,
     adam,
     choose_device,
+    index_tensor,
     load_optimizer_state,
     to_tensor,
     weighted_mean,
@@ -127,7 +128,7 @@ class BC:
         """
         obs = to_tensor(observations, self.device)
         if self.spaces.discrete:
-            index = torch.as_tensor(np.asarray(actions, dtype=np.int64), device=self.device)
+            index = index_tensor(actions, self.device)
             log_probs = F.log_softmax(self.policy(obs), -1)
             return log_probs.gather(-1, index[:, None]).squeeze(-1).cpu().numpy()
         if not isinstance(self.policy, TruncatedGaussianActor):

@@ -50,6 +50,7 @@ from offaug.algorithms.base import (
     Spaces,
     adam,
     choose_device,
+    index_tensor,
     soft_update,
     to_tensor,
     weighted_mean,
@@ -743,7 +744,7 @@ class DiscreteBCQ:
     ) -> npt.NDArray[np.float32]:
         """Q(s, a) of action indices: ``(B, obs), (B,) -> (B,)``."""
         obs = to_tensor(observations, self.device).reshape(-1, self.spaces.observation_dim)
-        index = torch.as_tensor(np.asarray(actions, dtype=np.int64), device=self.device)
+        index = index_tensor(actions, self.device)
         q_all = self.network.q_only(obs)  # (E, B, A)
         taken = q_all.gather(-1, index.view(1, -1, 1).expand(q_all.shape[0], -1, 1)).squeeze(-1)
         return _reduce_ensemble(taken, reduction).cpu().numpy()

@@ -47,6 +47,7 @@ from offaug.algorithms.base import (
     Spaces,
     adam,
     choose_device,
+    index_tensor,
     load_optimizer_state,
     soft_update,
     to_tensor,
@@ -647,7 +648,7 @@ class DiscreteCQL:
     ) -> npt.NDArray[np.float32]:
         """``min_e Q_e(s, a)`` of action indices: ``(B, obs), (B,) -> (B,)``."""
         q_values = self.critic(to_tensor(observations, self.device))  # (E, B, n_actions)
-        index = torch.as_tensor(np.asarray(actions, dtype=np.int64), device=self.device)
+        index = index_tensor(actions, self.device)
         index = index.view(1, -1, 1).expand(q_values.shape[0], -1, 1)
         return q_values.gather(-1, index).squeeze(-1).min(0).values.cpu().numpy()
 

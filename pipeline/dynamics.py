@@ -276,7 +276,9 @@ def model_rollout(
     high = model.stats["observation_high"]
     margin = config.bounds_margin * (high - low)
     noise_process = ContinuousNoise(parse_noise(noise), n, model.action_dim, rng)
-    obs = torch.as_tensor(np.asarray(start_observations, dtype=np.float32))
+    obs = torch.tensor(
+        np.asarray(start_observations, dtype=np.float32)
+    )  # a copy: may be a read-only map
     alive = np.ones(n, dtype=bool)
     steps: list[dict[str, npt.NDArray[Any]]] = []
     for t in range(horizon):

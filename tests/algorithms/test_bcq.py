@@ -230,7 +230,7 @@ def test_candidate_pass_equals_the_modules(hopper: Transitions) -> None:
     trainer = _build(BCQ, _spaces(hopper), SMALL, seed=3)
     for batch in _batches(hopper, 3):
         trainer.update(batch)
-    states = torch.as_tensor(hopper.observations[:5])
+    states = torch.tensor(hopper.observations[:5])
     n, batch_size = SMALL.n_action_samples, 5
     latent = trainer._prior_latent(batch_size)
     candidates, values = trainer._score_candidates(
