@@ -20,7 +20,11 @@ from rich.table import Table
 
 app = typer.Typer(
     name="offaug",
-    help="Offline RL data augmentation: load, shard, inspect and generate datasets.",
+    help=(
+        "Offline RL data augmentation: load Minari and D4RL datasets, roll a BC policy out with "
+        "noise and importance weights, train CQL, BCQ and BC, diagnose distribution shift and "
+        "publish the result as a Minari dataset; `offaug run WORKFLOW` does it all on Dask."
+    ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -244,7 +248,12 @@ def verify(
 
 @app.command("train")
 def train_command(
-    algorithm: Annotated[str, typer.Argument(help="bc, cql, discrete_cql, bcq, discrete_bcq.")],
+    algorithm: Annotated[
+        str,
+        typer.Argument(
+            help="bc, cql, bcq, discrete_cql, discrete_bcq, or sac (offline SAC, as a reference)."
+        ),
+    ],
     sources: Annotated[
         list[str], typer.Argument(help="Datasets: Minari ids/dirs, D4RL files, shard sets.")
     ],
@@ -273,8 +282,16 @@ def train_command(
     import yaml
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from offaug.algorithms.registry import ALGORITHMS
     from offaug.algorithms.train import TrainOptions, train
 
+    # Before any data is read: a typo should not cost a dataset load.
+    if algorithm not in ALGORITHMS:
+        choices = ", ".join(sorted(ALGORITHMS))
+        err_console.print(
+            f"[bold red]error:[/] unknown algorithm {algorithm!r}; choose from {choices}"
+        )
+        raise typer.Exit(code=2)
     overrides: dict[str, Any] = {}
     if config is not None:
         try:

@@ -65,6 +65,19 @@ def test_missing_dataset_exits_2_with_a_clear_line(minari_root: Path) -> None:
     assert "Traceback" not in result.output
 
 
+def test_train_refuses_an_unknown_algorithm_before_reading_data(
+    minari_root: Path, tmp_path: Path
+) -> None:
+    # The source does not exist either: the algorithm is checked first.
+    result = runner.invoke(
+        app, ["train", "qlearn", "nowhere/missing-v0", "--steps", "5", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "unknown algorithm 'qlearn'" in result.output
+    assert "bc, bcq, cql, discrete_bcq, discrete_cql, sac" in result.output
+    assert not any(tmp_path.iterdir())
+
+
 def test_make_dataset_refuses_an_existing_id(minari_root: Path) -> None:
     args = ["make-dataset", "CartPole-v1", "--dataset-id", "cli/twice-v0", "--episodes", "2"]
     assert runner.invoke(app, args).exit_code == 0
