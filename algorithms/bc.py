@@ -85,6 +85,16 @@ class BC:
         self.optimizer = adam(self.policy.parameters(), self.config.learning_rate)
         self.steps = 0
 
+    def compile_targets(self) -> tuple[str, ...]:
+        """Methods that ``torch.compile`` speeds up (see :mod:`offaug.algorithms.compiling`).
+
+        Only the Gaussian policy's loss: its truncated-normal log-density is many small
+        element-wise ops that compiling fuses; the other policies' steps are matmul-bound.
+        """
+        if self.spaces.discrete or self.config.policy != "gaussian":
+            return ()
+        return ("loss",)
+
     def loss(self, batch: TorchBatch) -> torch.Tensor:
         """The weighted loss of one batch."""
         observations, weights = batch.observations, batch.weights

@@ -10,13 +10,21 @@ prints the FLOP/s achieved next to a plain torch matmul loop of the same shapes 
 (the FLOP-share goal is the 256x256 one), and the matmul floor: the step rate of those
 multiplies alone, beside the step rate the goal asks for.
 
-Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc]``; JSON lines on stdout.
+``bc_compile`` measures what ``--compile`` (``torch.compile`` of the learners' declared targets)
+buys where offaug turns it on, Gaussian BC (the behaviour model of every pipeline run): the
+compiled trainer against the same trainer uncompiled, in the same process, interleaved; the
+compile time is in ``absolute``. Its goal is 1.0: compiling is only offered where it pays.
+
+Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc,bc_compile]``; JSON
+lines on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -128,6 +136,13 @@ def _measure(
     )
     if hidden != 256:  # the FLOP-share goal is the 256x256 one
         del absolute["share_goal"]
+    if name == "bc":
+        absolute.update(_minimal_loop(hidden, spaces, sampler, offaug_block, steps, repeats))
+        absolute["minimal_loop_share_of_matmul"] = (
+            absolute["flops_per_update"]
+            * absolute["minimal_loop_steps_per_s"]
+            / absolute["plain_matmul_flops_per_s"]
+        )
     reporter.emit(
         throughput_record(
             benchmark=f"train_{name}_{hidden}x{hidden}",
@@ -149,6 +164,116 @@ def _measure(
                 "hyperparameters; BC deterministic on both sides"
             ),
             absolute=absolute,
+        )
+    )
+
+
+def _minimal_loop(
+    hidden: int,
+    spaces: Any,
+    sampler: Any,
+    offaug_block: Any,
+    steps: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """The plainest eager PyTorch loop of deterministic BC, interleaved with offaug's.
+
+    ``nn.Sequential`` MLP, tanh, squared error, fused Adam, on the same batches; no action
+    normalisation, weights or metrics. What eager PyTorch itself reaches on this core, so the
+    FLOP share it gets is the share an eager implementation can hope for.
+    """
+    import numpy as np
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Linear(spaces.observation_dim, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, spaces.action_dim),
+    )
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3, fused=True)
+
+    def minimal_block() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            batch = sampler.sample_torch()
+            loss = (torch.tanh(net(batch.observations)) - batch.actions).pow(2).sum(-1).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return time.perf_counter() - start
+
+    minimal_block()
+    minimal, mine = interleave(minimal_block, offaug_block, repeats)
+    return {
+        "minimal_loop": "nn.Sequential + tanh + squared error + fused Adam, same batches",
+        "minimal_loop_steps_per_s": steps / float(np.median(minimal)),
+        "offaug_vs_minimal_loop": float(np.median(minimal) / np.median(mine)),
+    }
+
+
+def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter: Reporter) -> None:
+    import numpy as np
+    import torch
+
+    from offaug.algorithms import registry
+    from offaug.algorithms.base import spaces_from_transitions
+    from offaug.algorithms.compiling import compile_trainer
+    from offaug.datasets import MixtureSampler
+
+    batch = 256
+    spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
+    config = {"policy": "gaussian", "hidden": (hidden, hidden), "batch_size": batch}
+    torch.manual_seed(0)
+    eager = registry.build("bc", spaces, config, device="cpu")
+    torch.manual_seed(0)
+    compiled = registry.build("bc", spaces, config, device="cpu")
+    if compile_trainer(compiled) != ("loss",):
+        raise RuntimeError("Gaussian BC declares no compile target: nothing to measure")
+    sampler = MixtureSampler([data], batch, seed=0)
+    # A fresh Inductor cache: the compile time a user meets on a new machine (later runs on
+    # the same machine reuse the on-disk cache and compile in a fraction of it).
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="offaug-bench-inductor-")
+    start = time.perf_counter()
+    compiled.update(sampler.sample_torch())  # the first call compiles
+    compile_seconds = time.perf_counter() - start
+    if not compiled.loss.compiled:
+        raise RuntimeError("torch.compile fell back to eager (see the warning above)")
+
+    def block(trainer: Any) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.update(sampler.sample_torch())
+        return time.perf_counter() - start
+
+    block(eager)
+    block(compiled)
+    mine, theirs = interleave(lambda: block(compiled), lambda: block(eager), repeats)
+    gain = float(np.median(theirs) / np.median(mine))
+    reporter.emit(
+        throughput_record(
+            benchmark=f"train_bc_gaussian_compiled_{hidden}x{hidden}",
+            unit="gradient steps/s",
+            work=steps,
+            offaug_times=mine,
+            baseline_times=theirs,
+            baseline_name="the same offaug Gaussian BC, uncompiled",
+            goal=1.0,
+            size={"hidden": [hidden, hidden], "batch_size": batch, "steps_per_block": steps},
+            notes=(
+                "one CPU thread; torch.compile (Inductor) of BC.loss, the truncated-normal "
+                "negative log-likelihood, as offaug train --compile does"
+            ),
+            absolute={
+                "compile_seconds_cold_cache": compile_seconds,
+                "break_even_steps": compile_seconds
+                / max(1e-12, float(np.median(theirs) - np.median(mine)) / steps)
+                if gain > 1
+                else None,
+            },
         )
     )
 
@@ -232,7 +357,7 @@ def _flops(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute")
-    parser.add_argument("--only", default="bc,cql,bcq,sac", help="learners to measure")
+    parser.add_argument("--only", default="bc,cql,bcq,sac,bc_compile", help="learners to measure")
     args = parser.parse_args(argv)
     out = protect_stdout()
     reporter = Reporter(out)
@@ -251,7 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         for hidden in (64, 256):
             steps = (20 if hidden == 256 else 50) if args.quick else (100 if hidden == 256 else 300)
             log(f"{name} {hidden}x{hidden}: {repeats} x {steps} steps each side")
-            _measure(name, hidden, data, dataset, steps, repeats, reporter)
+            if name == "bc_compile":
+                _measure_compile(hidden, data, 4 * steps, repeats, reporter)
+            else:
+                _measure(name, hidden, data, dataset, steps, repeats, reporter)
     return 0
 
 

@@ -277,6 +277,13 @@ def train_command(
     resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint.pt.")] = False,
     device: Annotated[str | None, typer.Option(help="Torch device (default cuda if any).")] = None,
     threads: Annotated[int | None, typer.Option(help="Torch CPU threads.")] = None,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            "--compile/--no-compile",
+            help="torch.compile where it pays (Gaussian BC: 1.1-1.4x, ~4 s to compile).",
+        ),
+    ] = False,
 ) -> None:
     """Train an offline learner; metrics, evaluations and checkpoints go to OUT."""
     import yaml
@@ -322,6 +329,7 @@ def train_command(
         checkpoint_every=checkpoint_every,
         device=device,
         threads=threads,
+        compile=compile,
     )
     writer = _tensorboard_writer(out)
     with Progress(

@@ -134,6 +134,7 @@ def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> Mo
         log_every=max(1, config.steps // 10),
         checkpoint_every=config.steps,
         threads=None,
+        compile=config.compile,
     )
     learner = {
         "policy": "gaussian",

@@ -54,6 +54,13 @@ class BCConfigModel(_Strict):
     hidden: tuple[int, ...] = Field((256, 256), description="Hidden layer widths.")
     learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate.")
     batch_size: int = Field(256, gt=0, description="Transitions per step.")
+    compile: bool = Field(
+        False,
+        description=(
+            "torch.compile the Gaussian BC loss: 1.14x (256x256) to 1.42x (64x64) steps/s on one"
+            " CPU thread after ~4 s of compiling; pays for runs of tens of thousands of steps."
+        ),
+    )
 
 
 class DynamicsModel(_Strict):

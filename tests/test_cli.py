@@ -78,6 +78,19 @@ def test_train_refuses_an_unknown_algorithm_before_reading_data(
     assert not any(tmp_path.iterdir())
 
 
+def test_train_compile_flag_reaches_the_learner(make_test_dataset, tmp_path: Path) -> None:
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    config = tmp_path / "bc.yaml"
+    config.write_text("hidden: [32, 32]\nbatch_size: 32\n")
+    out = tmp_path / "run"
+    args = ["train", "bc", dataset, "--steps", "10", "--log-every", "5", "--eval-every", "0"]
+    result = runner.invoke(app, [*args, "--config", str(config), "--out", str(out), "--compile"])
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["options"]["compile"] is True
+    assert recorded["compiled"] == ["loss"]  # Gaussian BC, the default policy
+
+
 def test_make_dataset_refuses_an_existing_id(minari_root: Path) -> None:
     args = ["make-dataset", "CartPole-v1", "--dataset-id", "cli/twice-v0", "--episodes", "2"]
     assert runner.invoke(app, args).exit_code == 0
