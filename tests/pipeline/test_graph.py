@@ -122,14 +122,21 @@ class Cluster:
 
     def close(self) -> None:
         self.client.close()
-        for process in [*self.workers, self.scheduler]:
-            if process.poll() is None:
-                process.terminate()
-        for process in [*self.workers, self.scheduler]:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        # Workers first, then the scheduler: when both get SIGTERM at once, a worker can
+        # receive the scheduler's close while handling its own signal, hit CancelledError in
+        # Worker.close and keep its event loop running (seen in distributed's logs); the
+        # harness then waited 20 s per such worker before killing it.
+        for group in (self.workers, [self.scheduler]):
+            for process in group:
+                if process.poll() is None:
+                    process.terminate()
+            deadline = time.monotonic() + 10
+            for process in group:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
         for handle in self.logs:
             handle.close()
 
