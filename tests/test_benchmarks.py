@@ -1,0 +1,57 @@
+"""Benchmark scripts that CI cannot run at their real size keep working at a tiny one.
+
+``benchmarks/bench_gpu.py`` is meant for a lent GPU machine, which CI never has: run here on
+the CPU, it must still time both sides and print one well-formed record. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_benchmark_runs_on_the_cpu_and_prints_one_record(tmp_path: Path) -> None:
+    script = REPO / "benchmarks" / "bench_gpu.py"
+    args = ["--device", "cpu", "--steps", "10", "--block", "5", "--baseline-steps", "4"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stdout  # stdout holds the record and nothing else
+    record = json.loads(lines[0])
+    assert record["benchmark"] == "train_cql_3x256_cpu"
+    assert record["size"]["hidden"] == [256, 256, 256]
+    absolute = record["absolute"]
+    assert absolute["steps_timed"] == 10 and absolute["baseline_steps_timed"] == 4
+    assert absolute["minutes_per_1M_steps"] * 60 * record["offaug"] == pytest.approx(1e6)
+    assert record["ratio"] == pytest.approx(record["offaug"] / record["baseline"])
+
+
+def test_gpu_benchmark_without_cuda_says_so_and_exits_2(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_gpu.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "no CUDA device" in done.stderr and "--device cpu" in done.stderr
+    assert done.stdout.strip() == ""
