@@ -307,6 +307,7 @@ def train_offline(
         checkpoint_every=steps,
         device=train_config.device,
         threads=threads,
+        compile=train_config.compile,
     )
     config = dict(train_config.configs.get(algorithm, {}))  # type: ignore[call-overload]
     final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))

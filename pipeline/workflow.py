@@ -132,6 +132,13 @@ class TrainModel(_Strict):
     device: str | None = Field(
         None, description="Torch device for training (default: cuda if present)."
     )
+    compile: bool = Field(
+        False,
+        description=(
+            "torch.compile each learner's parts where it pays (today Gaussian BC's loss; the"
+            " others train as without it)."
+        ),
+    )
 
     @field_validator("mixing")
     @classmethod

@@ -101,3 +101,36 @@ def test_train_with_compile_option_records_it_and_finishes(
     assert result.checkpoint.is_file()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [10, 20]
+
+
+def test_workflow_compile_options_reach_the_bc_and_train_stages(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    from offaug.pipeline.layout import DatasetRef
+    from offaug.pipeline.stages import train_bc, train_offline
+    from offaug.pipeline.workflow import BCConfigModel, EvaluationModel, TrainModel
+
+    dataset_id = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset_id)
+    ref = DatasetRef(
+        source=dataset_id,
+        rows=len(data),
+        episodes=data.num_episodes,
+        identity="test",
+        has_simulator_state=False,
+        meta=dict(data.meta),
+    )
+    bc_config = BCConfigModel(steps=10, hidden=(32, 32), batch_size=32, compile=True)
+    model = train_bc(ref, bc_config, str(tmp_path / "bc"), seed=0)
+    recorded = json.loads((Path(model.path).parent / "config.json").read_text())
+    assert recorded["options"]["compile"] is True and recorded["compiled"] == ["loss"]
+
+    train_config = TrainModel(
+        algorithms=("bc",), steps=10, compile=True, configs={"bc": {"hidden": [32, 32]}}
+    )
+    evaluation = EvaluationModel(episodes=1)
+    trained = train_offline(
+        "bc", ref, None, train_config, evaluation, str(tmp_path / "train"), seed=0
+    )
+    recorded = json.loads((Path(trained.path).parent / "config.json").read_text())
+    assert recorded["options"]["compile"] is True and recorded["compiled"] == ["loss"]
