@@ -281,7 +281,7 @@ def train_command(
         bool,
         typer.Option(
             "--compile/--no-compile",
-            help="torch.compile where it pays (Gaussian BC: 1.1-1.4x, ~4 s to compile).",
+            help="torch.compile where it pays (Gaussian BC: 1.1-1.4x after 3-11 s of compiling).",
         ),
     ] = False,
 ) -> None:
