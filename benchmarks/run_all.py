@@ -148,6 +148,9 @@ def _number(value: Any) -> str:
 def met(record: dict[str, Any]) -> bool | None:
     """Whether a record reached its goal ratio (``None`` without a goal or ratio)."""
     ratio, goal = record.get("ratio"), record.get("goal")
+    absolute = record.get("absolute")
+    if goal is None and isinstance(absolute, dict) and isinstance(absolute.get("goal_met"), bool):
+        return bool(absolute["goal_met"])  # an absolute goal (bench_gpu: minutes per 1M steps)
     if not isinstance(ratio, (int, float)) or not isinstance(goal, (int, float)):
         return None
     if record.get("goal_direction") == "at most":
@@ -218,9 +221,38 @@ def _when(stamp: str) -> str:
     return prefix + text[:16].replace("T", " ")
 
 
+GPU_SCRIPTS = frozenset({"gpu"})
+"""Scripts that need a CUDA device (left out of a full run without one)."""
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def _short_name(name: str) -> str:
     """``bench_io.py``, ``bench_io`` and ``io`` all name the script ``io``."""
     return name.strip().removeprefix("bench_").removesuffix(".py")
+
+
+def select_scripts(only: str, *, cuda: bool) -> list[Path]:
+    """The ``bench_*.py`` scripts named in ``only`` (comma-separated), or all of them.
+
+    Without ``only``, the scripts in :data:`GPU_SCRIPTS` run only when ``cuda`` says a device
+    is there (name one in ``only`` to run it anyway, e.g. with ``--script-args
+    'gpu=--device cpu'``).
+    """
+    scripts = sorted(BENCH_DIR.glob("bench_*.py"))
+    if only:
+        wanted = {_short_name(name) for name in only.split(",")}
+        return [s for s in scripts if _short_name(s.name) in wanted]
+    if not cuda:
+        log(f"no CUDA device: leaving out {', '.join(sorted(GPU_SCRIPTS))}")
+        return [s for s in scripts if _short_name(s.name) not in GPU_SCRIPTS]
+    return scripts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,10 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, rest = item.partition("=")
         extra[_short_name(name)] = shlex.split(rest)
 
-    scripts = sorted(BENCH_DIR.glob("bench_*.py"))
-    if args.only:
-        wanted = {_short_name(name) for name in args.only.split(",")}
-        scripts = [s for s in scripts if _short_name(s.name) in wanted]
+    scripts = select_scripts(args.only, cuda=_cuda_available() if not args.only else True)
     if not scripts:
         log("no benchmark scripts to run")
         return 1

@@ -55,3 +55,20 @@ def test_gpu_benchmark_without_cuda_says_so_and_exits_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "no CUDA device" in done.stderr and "--device cpu" in done.stderr
     assert done.stdout.strip() == ""
+
+
+def test_a_full_benchmark_run_leaves_the_gpu_script_out_without_a_device() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import run_all
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    without = {path.name for path in run_all.select_scripts("", cuda=False)}
+    with_device = {path.name for path in run_all.select_scripts("", cuda=True)}
+    assert "bench_gpu.py" not in without and "bench_algorithms.py" in without
+    assert with_device == without | {"bench_gpu.py"}
+    named = run_all.select_scripts("gpu,io", cuda=False)
+    assert [path.name for path in named] == ["bench_gpu.py", "bench_io.py"]
+    # An absolute goal (minutes per 1M steps) decides 'met?' where there is no ratio goal.
+    assert run_all.met({"ratio": 3.0, "goal": None, "absolute": {"goal_met": False}}) is False
+    assert run_all.met({"ratio": 3.0, "goal": None}) is None
