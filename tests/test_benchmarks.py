@@ -35,6 +35,7 @@ def test_gpu_benchmark_runs_on_the_cpu_and_prints_one_record(tmp_path: Path) -> 
     assert record["size"]["hidden"] == [256, 256, 256]
     absolute = record["absolute"]
     assert absolute["steps_timed"] == 10 and absolute["baseline_steps_timed"] == 4
+    assert absolute["update_only_steps_timed"] == 1 and absolute["update_only_steps_per_s"] > 0
     assert absolute["minutes_per_1M_steps"] * 60 * record["offaug"] == pytest.approx(1e6)
     assert record["ratio"] == pytest.approx(record["offaug"] / record["baseline"])
 
