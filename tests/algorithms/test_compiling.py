@@ -112,14 +112,7 @@ def test_workflow_compile_options_reach_the_bc_and_train_stages(
 
     dataset_id = make_test_dataset("hopper", "hdf5").dataset_id
     data = load_transitions(dataset_id)
-    ref = DatasetRef(
-        source=dataset_id,
-        rows=len(data),
-        episodes=data.num_episodes,
-        identity="test",
-        has_simulator_state=False,
-        meta=dict(data.meta),
-    )
+    ref = DatasetRef(dataset_id, len(data), data.num_episodes, "", False, dict(data.meta))
     bc_config = BCConfigModel(steps=10, hidden=(32, 32), batch_size=32, compile=True)
     model = train_bc(ref, bc_config, str(tmp_path / "bc"), seed=0)
     recorded = json.loads((Path(model.path).parent / "config.json").read_text())
