@@ -122,7 +122,7 @@ def throughput_record(
     offaug_times: list[float],
     baseline_times: list[float],
     baseline_name: str,
-    goal: float,
+    goal: float | None,
     size: dict[str, Any],
     notes: str,
     baseline_work: float | None = None,
