@@ -24,7 +24,7 @@ import numpy.typing as npt
 import torch
 from torch.nn import functional as F
 
-from offaug.algorithms.base import adam, weighted_mean
+from offaug.algorithms.base import adam, to_tensor, weighted_mean
 from offaug.algorithms.networks import EnsembleMLP
 from offaug.datasets.transitions import Source, Transitions
 from offaug.pipeline.noise import ContinuousNoise, parse_noise, truncnorm_log_prob
@@ -276,9 +276,7 @@ def model_rollout(
     high = model.stats["observation_high"]
     margin = config.bounds_margin * (high - low)
     noise_process = ContinuousNoise(parse_noise(noise), n, model.action_dim, rng)
-    obs = torch.tensor(
-        np.asarray(start_observations, dtype=np.float32)
-    )  # a copy: may be a read-only map
+    obs = to_tensor(start_observations, torch.device("cpu"))  # a copy: may be a read-only map
     alive = np.ones(n, dtype=bool)
     steps: list[dict[str, npt.NDArray[Any]]] = []
     for t in range(horizon):
