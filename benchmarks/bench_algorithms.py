@@ -116,10 +116,7 @@ def _measure(
     algo = _d3rlpy_algo(name, hidden, batch, dataset)
 
     def offaug_block() -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            trainer.update(sampler.sample_torch())
-        return time.perf_counter() - start
+        return _update_block(trainer, sampler, steps)
 
     def d3rlpy_block() -> float:
         start = time.perf_counter()
@@ -166,6 +163,14 @@ def _measure(
             absolute=absolute,
         )
     )
+
+
+def _update_block(trainer: Any, sampler: Any, steps: int) -> float:
+    """Seconds for ``steps`` of offaug's training step: sample a batch, update."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.update(sampler.sample_torch())
+    return time.perf_counter() - start
 
 
 def _minimal_loop(
@@ -243,15 +248,13 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
     if not compiled.loss.compiled:
         raise RuntimeError("torch.compile fell back to eager (see the warning above)")
 
-    def block(trainer: Any) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            trainer.update(sampler.sample_torch())
-        return time.perf_counter() - start
-
-    block(eager)
-    block(compiled)
-    mine, theirs = interleave(lambda: block(compiled), lambda: block(eager), repeats)
+    _update_block(eager, sampler, steps)
+    _update_block(compiled, sampler, steps)
+    mine, theirs = interleave(
+        lambda: _update_block(compiled, sampler, steps),
+        lambda: _update_block(eager, sampler, steps),
+        repeats,
+    )
     gain = float(np.median(theirs) / np.median(mine))
     reporter.emit(
         throughput_record(

@@ -238,18 +238,18 @@ def _short_name(name: str) -> str:
     return name.strip().removeprefix("bench_").removesuffix(".py")
 
 
-def select_scripts(only: str, *, cuda: bool) -> list[Path]:
+def select_scripts(only: str, *, cuda: bool | None = None) -> list[Path]:
     """The ``bench_*.py`` scripts named in ``only`` (comma-separated), or all of them.
 
-    Without ``only``, the scripts in :data:`GPU_SCRIPTS` run only when ``cuda`` says a device
-    is there (name one in ``only`` to run it anyway, e.g. with ``--script-args
-    'gpu=--device cpu'``).
+    Without ``only``, the scripts in :data:`GPU_SCRIPTS` run only when a CUDA device is there
+    (``cuda``, asked of torch when None; name one in ``only`` to run it anyway, e.g. with
+    ``--script-args 'gpu=--device cpu'``).
     """
     scripts = sorted(BENCH_DIR.glob("bench_*.py"))
     if only:
         wanted = {_short_name(name) for name in only.split(",")}
         return [s for s in scripts if _short_name(s.name) in wanted]
-    if not cuda:
+    if not (_cuda_available() if cuda is None else cuda):
         log(f"no CUDA device: leaving out {', '.join(sorted(GPU_SCRIPTS))}")
         return [s for s in scripts if _short_name(s.name) not in GPU_SCRIPTS]
     return scripts
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, rest = item.partition("=")
         extra[_short_name(name)] = shlex.split(rest)
 
-    scripts = select_scripts(args.only, cuda=_cuda_available() if not args.only else True)
+    scripts = select_scripts(args.only)
     if not scripts:
         log("no benchmark scripts to run")
         return 1
