@@ -70,8 +70,8 @@ class TrainOptions:
     threads: int | None = None
     """Torch CPU threads (1 inside Dask workers)."""
     compile: bool = False
-    """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss: 1.14-1.42x on
-    one CPU thread, after ~4 s of compiling); other learners train as without it."""
+    """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss: 1.13-1.42x on
+    one CPU thread, after 3-11 s of compiling); other learners train as without it."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,8 +57,8 @@ class BCConfigModel(_Strict):
     compile: bool = Field(
         False,
         description=(
-            "torch.compile the Gaussian BC loss: 1.14x (256x256) to 1.42x (64x64) steps/s on one"
-            " CPU thread after ~4 s of compiling; pays for runs of tens of thousands of steps."
+            "torch.compile the Gaussian BC loss: 1.13x (256x256) to 1.42x (64x64) steps/s on one"
+            " CPU thread after 3-11 s of compiling; pays for runs of tens of thousands of steps."
         ),
     )
 
