@@ -37,8 +37,9 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.compiling import compile_trainer
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.datasets.atomic import write_json_atomic
 from offaug.datasets.sampler import MixtureSampler
-from offaug.datasets.shards import ShardSet, write_json_atomic
+from offaug.datasets.shards import ShardSet
 from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import Transitions
 

@@ -25,7 +25,6 @@ import json
 import mmap
 import os
 import shutil
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
+from offaug.datasets.atomic import json_default, replace_directory, tmp_name, write_json_atomic
 from offaug.datasets.errors import ChecksumError, DataError
 from offaug.datasets.transitions import ALL_FIELDS, REQUIRED_FIELDS, Transitions
 
@@ -94,11 +94,6 @@ def file_checksum(path: str | Path) -> str:
             return str(xxhash.xxh3_128(view).hexdigest())
 
 
-def _tmp_name(path: Path) -> Path:
-    # A hidden name in the same directory: rename is then atomic on the same file system.
-    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-
-
 def _column_to_arrow(name: str, values: npt.NDArray[Any]) -> tuple[pa.Field, pa.Array]:
     array = np.ascontiguousarray(values)
     if name in _BOOL_FIELDS:
@@ -113,18 +108,6 @@ def _column_to_arrow(name: str, values: npt.NDArray[Any]) -> tuple[pa.Field, pa.
     metadata = {b"shape": ",".join(str(d) for d in row_shape).encode()}
     field = pa.field(name, list_type, nullable=False, metadata=metadata)
     return field, pa.FixedSizeListArray.from_arrays(flat, type=list_type)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
 
 
 def write_shard(transitions: Transitions, path: str | Path) -> ShardRef:
@@ -144,11 +127,11 @@ def write_shard(transitions: Transitions, path: str | Path) -> ShardRef:
         arrays.append(array)
     metadata = {
         _SCHEMA_KEY: str(SCHEMA_VERSION).encode(),
-        _META_KEY: json.dumps(dict(transitions.meta), default=_json_default).encode(),
+        _META_KEY: json.dumps(dict(transitions.meta), default=json_default).encode(),
     }
     schema = pa.schema(fields, metadata=metadata)
     batch = pa.record_batch(arrays, schema=schema)
-    tmp = _tmp_name(final)
+    tmp = tmp_name(final)
     try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
@@ -396,18 +379,6 @@ class ShardSet:
         return bad
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename."""
-    final = Path(path)
-    tmp = _tmp_name(final)
-    try:
-        tmp.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _split_points(transitions: Transitions, rows_per_shard: int) -> list[int]:
     # Cut only at episode boundaries, so that an episode never spans two shards.
     bounds = transitions.episode_bounds()
@@ -449,7 +420,7 @@ def write_shard_set(
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final}: shard set exists; pass overwrite=True to replace it")
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = _tmp_name(final)
+    staging = tmp_name(final)
     staging.mkdir()
     try:
         cuts = (
@@ -474,19 +445,3 @@ def write_shard_set(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return ShardSet.open(final)
-
-
-def replace_directory(staging: Path, final: Path) -> None:
-    """Move the complete directory ``staging`` to ``final``, replacing what was there."""
-    if not final.exists():
-        os.replace(staging, final)
-        return
-    # Two renames: the old set moves aside, the new one moves in, then the old one is removed.
-    retired = _tmp_name(final)
-    os.replace(final, retired)
-    try:
-        os.replace(staging, final)
-    except BaseException:
-        os.replace(retired, final)
-        raise
-    shutil.rmtree(retired, ignore_errors=True)

@@ -107,6 +107,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from offaug.datasets.weights import effective_sample_size, effective_sample_size_from_logs
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.workflow import DiagnosticsModel
 
@@ -378,24 +379,6 @@ def batched_q(
 
 
 # -- importance weights ---------------------------------------------------------------------------
-
-
-def effective_sample_size(weights: npt.ArrayLike) -> float:
-    """Kish's ESS = (sum w)^2 / sum w^2 (0 for no or all-zero weights)."""
-    w = np.asarray(weights, dtype=np.float64).reshape(-1)
-    squares = float(np.sum(w**2))
-    if w.size == 0 or squares <= 0:
-        return 0.0
-    return float(np.sum(w) ** 2 / squares)
-
-
-def effective_sample_size_from_logs(log_weights: npt.ArrayLike) -> float:
-    """ESS of ``exp(log_weights)`` without overflow: exp(2 lse(x) - lse(2x))."""
-    x = np.asarray(log_weights, dtype=np.float64).reshape(-1)
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return 0.0
-    return float(np.exp(2 * np.logaddexp.reduce(x) - np.logaddexp.reduce(2 * x)))
 
 
 def weight_summary(
@@ -1146,7 +1129,7 @@ def run_diagnostics(
     """
     with _single_threaded():
         result = _diagnose(data, augmented, bc, models, config, seed, settings, parts)
-    from offaug.datasets.shards import write_json_atomic
+    from offaug.datasets.atomic import write_json_atomic
 
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1580,8 +1563,8 @@ def diagnose_run(
     """
     import json
 
+    from offaug.datasets.atomic import write_json_atomic
     from offaug.datasets.errors import DataError
-    from offaug.datasets.shards import write_json_atomic
     from offaug.pipeline.layout import RunLayout
     from offaug.pipeline.workflow import load_workflow
 

@@ -36,7 +36,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from offaug.datasets.shards import ShardRef, file_checksum, write_json_atomic
+from offaug.datasets.atomic import write_json_atomic
+from offaug.datasets.shards import ShardRef, file_checksum
 from offaug.pipeline import stages
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
 from offaug.pipeline.rollout import RolloutShard

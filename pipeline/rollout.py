@@ -498,7 +498,7 @@ def save_faults(result: RolloutResult, directory: str | Path) -> Path | None:
     """Write the faults and offending steps to ``faults.json`` (None when there were none)."""
     if not result.faults:
         return None
-    from offaug.datasets.shards import write_json_atomic
+    from offaug.datasets.atomic import write_json_atomic
 
     path = Path(directory) / "faults.json"
     write_json_atomic(

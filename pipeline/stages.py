@@ -90,7 +90,7 @@ def _train_into(out: str, run: Any) -> Path:
     import shutil
     import uuid
 
-    from offaug.datasets.shards import replace_directory
+    from offaug.datasets.atomic import replace_directory
 
     final = Path(out)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -420,7 +420,7 @@ def report_stage(
     report_path: str,
 ) -> dict[str, Any]:
     """Write ``metrics.json`` (see :func:`summarise`) and ``report.html`` from every result."""
-    from offaug.datasets.shards import write_json_atomic
+    from offaug.datasets.atomic import write_json_atomic
 
     metrics = summarise(workflow, dict(zip(names, results, strict=True)))
     write_json_atomic(Path(metrics_path), metrics)

@@ -1,0 +1,28 @@
+"""Importance-weight statistics: the one home of the effective sample size.
+
+Rollouts, model rollouts, diagnostics and publishing all summarise weights with these
+functions (numpy only, so the data layer can use them too).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+
+def effective_sample_size(weights: npt.ArrayLike) -> float:
+    """Kish's ESS = (sum w)^2 / sum w^2 (0 for no or all-zero weights)."""
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    squares = float(np.sum(w**2))
+    if w.size == 0 or squares <= 0:
+        return 0.0
+    return float(np.sum(w) ** 2 / squares)
+
+
+def effective_sample_size_from_logs(log_weights: npt.ArrayLike) -> float:
+    """ESS of ``exp(log_weights)`` without overflow: exp(2 lse(x) - lse(2x))."""
+    x = np.asarray(log_weights, dtype=np.float64).reshape(-1)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return 0.0
+    return float(np.exp(2 * np.logaddexp.reduce(x) - np.logaddexp.reduce(2 * x)))
