@@ -242,33 +242,6 @@ def index_tensor(indices: npt.NDArray[Any], device: torch.device) -> torch.Tenso
     return torch.tensor(np.asarray(indices, dtype=np.int64), device=device)
 
 
-class ActionNormaliser(nn.Module):
-    """Maps Box actions to ``[-1, 1]`` inside the trainer (identity for discrete actions)."""
-
-    scale: torch.Tensor
-    offset: torch.Tensor
-
-    def __init__(self, spaces: Spaces) -> None:
-        super().__init__()
-        if spaces.discrete or not spaces.action_low:
-            low = torch.full((max(spaces.action_dim, 1),), -1.0)
-            high = torch.full((max(spaces.action_dim, 1),), 1.0)
-        else:
-            low = torch.tensor(spaces.action_low, dtype=torch.float32)
-            high = torch.tensor(spaces.action_high, dtype=torch.float32)
-        self.register_buffer("scale", 2.0 / (high - low))
-        self.register_buffer("offset", -1.0 - low * 2.0 / (high - low))
-        # log |d normalised / d env|: subtract from a normalised-box log-density.
-        self.log_abs_det = float(torch.log(2.0 / (high - low)).sum())
-
-    def forward(self, actions: torch.Tensor) -> torch.Tensor:
-        return (actions * self.scale + self.offset).clamp(-1.0, 1.0)
-
-    def inverse(self, actions: torch.Tensor) -> torch.Tensor:
-        """Normalised actions back to the environment's bounds."""
-        return (actions - self.offset) / self.scale
-
-
 def spaces_from_transitions(meta: Mapping[str, Any], observation_dim: int, actions: Any) -> Spaces:
     """Derive :class:`Spaces` from a dataset's ``meta`` (serialised spaces) and its actions."""
     import gymnasium as gym

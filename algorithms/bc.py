@@ -22,7 +22,6 @@ import torch
 from torch.nn import functional as F
 
 from offaug.algorithms.base import (
-    ActionNormaliser,
     Spaces,
     adam,
     choose_device,
@@ -31,6 +30,7 @@ from offaug.algorithms.base import (
     to_tensor,
     weighted_mean,
 )
+from offaug.algorithms.distributions import ActionNormaliser
 from offaug.algorithms.networks import MLP, DeterministicActor, TruncatedGaussianActor
 from offaug.datasets.sampler import TorchBatch
 

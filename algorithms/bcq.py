@@ -46,7 +46,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from offaug.algorithms.base import (
-    ActionNormaliser,
     Spaces,
     adam,
     choose_device,
@@ -55,6 +54,7 @@ from offaug.algorithms.base import (
     to_tensor,
     weighted_mean,
 )
+from offaug.algorithms.distributions import ActionNormaliser
 from offaug.algorithms.networks import (
     MLP,
     VAE,

@@ -43,7 +43,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from offaug.algorithms.base import (
-    ActionNormaliser,
     Spaces,
     adam,
     choose_device,
@@ -53,6 +52,7 @@ from offaug.algorithms.base import (
     to_tensor,
     weighted_mean,
 )
+from offaug.algorithms.distributions import ActionNormaliser
 from offaug.algorithms.networks import (
     CriticEnsemble,
     DiscreteCriticEnsemble,

@@ -26,9 +26,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from offaug.algorithms.distributions import LOG_SQRT_2PI, truncated_normal_log_prob
+
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _layer_sizes(inputs: int, hidden: Sequence[int], outputs: int) -> list[tuple[int, int]]:
@@ -157,7 +158,7 @@ class TanhGaussianActor(nn.Module):
         std = log_std.exp()
         noise = torch.randn_like(mean)
         pre_tanh = mean + std * noise
-        log_prob = (-0.5 * noise.pow(2) - log_std - _LOG_SQRT_2PI).sum(-1)
+        log_prob = (-0.5 * noise.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
         # log(1 - tanh(x)^2) written stably: 2 * (log 2 - x - softplus(-2x)).
         log_prob = log_prob - (2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))).sum(-1)
         return ActionSample(torch.tanh(pre_tanh), log_prob)
@@ -182,26 +183,6 @@ class DeterministicActor(nn.Module):
 
     def forward(self, observations: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.net(observations))
-
-
-def truncated_normal_log_prob(
-    actions: torch.Tensor,
-    mean: torch.Tensor,
-    log_std: torch.Tensor,
-    low: float = -1.0,
-    high: float = 1.0,
-) -> torch.Tensor:
-    """Log-density of a Gaussian truncated to ``[low, high]^d``, summed over the last axis.
-
-    ``log N(a; m, s) - log(Phi((high - m)/s) - Phi((low - m)/s))`` per dimension.
-    """
-    std = log_std.exp()
-    z = (actions - mean) / std
-    log_pdf = -0.5 * z.pow(2) - log_std - _LOG_SQRT_2PI
-    upper = torch.special.ndtr((high - mean) / std)
-    lower = torch.special.ndtr((low - mean) / std)
-    mass = (upper - lower).clamp_min(1e-12)
-    return (log_pdf - mass.log()).sum(-1)
 
 
 class TruncatedGaussianActor(nn.Module):

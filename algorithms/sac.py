@@ -37,7 +37,6 @@ import numpy.typing as npt
 import torch
 
 from offaug.algorithms.base import (
-    ActionNormaliser,
     Spaces,
     adam,
     choose_device,
@@ -47,6 +46,7 @@ from offaug.algorithms.base import (
     to_tensor,
     weighted_mean,
 )
+from offaug.algorithms.distributions import ActionNormaliser
 from offaug.algorithms.evaluate import evaluate, make_env
 from offaug.algorithms.networks import CriticEnsemble, TanhGaussianActor
 from offaug.datasets.sampler import Batch, TorchBatch

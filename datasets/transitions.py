@@ -45,6 +45,10 @@ BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
 
 
+SIMULATOR_STATE_KEYS: tuple[str, ...] = ("qpos", "qvel")
+"""The ``infos/*`` keys that hold a MuJoCo simulator's state at each observation."""
+
+
 class Source(enum.IntEnum):
     """Where a transition came from (the ``source`` column)."""
 

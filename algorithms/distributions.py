@@ -1,0 +1,63 @@
+"""Action distributions and the action box: the one home of the truncated normal and of the
+map between an environment's action bounds and the normalised box ``[-1, 1]^d``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from offaug.algorithms.base import Spaces
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def truncated_normal_log_prob(
+    actions: torch.Tensor,
+    mean: torch.Tensor,
+    log_std: torch.Tensor,
+    low: float = -1.0,
+    high: float = 1.0,
+) -> torch.Tensor:
+    """Log-density of a Gaussian truncated to ``[low, high]^d``, summed over the last axis.
+
+    ``log N(a; m, s) - log(Phi((high - m)/s) - Phi((low - m)/s))`` per dimension.
+    """
+    std = log_std.exp()
+    z = (actions - mean) / std
+    log_pdf = -0.5 * z.pow(2) - log_std - LOG_SQRT_2PI
+    upper = torch.special.ndtr((high - mean) / std)
+    lower = torch.special.ndtr((low - mean) / std)
+    mass = (upper - lower).clamp_min(1e-12)
+    return (log_pdf - mass.log()).sum(-1)
+
+
+class ActionNormaliser(nn.Module):
+    """Maps Box actions to ``[-1, 1]`` inside the trainer (identity for discrete actions)."""
+
+    scale: torch.Tensor
+    offset: torch.Tensor
+
+    def __init__(self, spaces: Spaces) -> None:
+        super().__init__()
+        if spaces.discrete or not spaces.action_low:
+            low = torch.full((max(spaces.action_dim, 1),), -1.0)
+            high = torch.full((max(spaces.action_dim, 1),), 1.0)
+        else:
+            low = torch.tensor(spaces.action_low, dtype=torch.float32)
+            high = torch.tensor(spaces.action_high, dtype=torch.float32)
+        self.register_buffer("scale", 2.0 / (high - low))
+        self.register_buffer("offset", -1.0 - low * 2.0 / (high - low))
+        # log |d normalised / d env|: add to a normalised-box log-density to get the env-box one.
+        self.log_abs_det = float(torch.log(2.0 / (high - low)).sum())
+
+    def forward(self, actions: torch.Tensor) -> torch.Tensor:
+        return (actions * self.scale + self.offset).clamp(-1.0, 1.0)
+
+    def inverse(self, actions: torch.Tensor) -> torch.Tensor:
+        """Normalised actions back to the environment's bounds."""
+        return (actions - self.offset) / self.scale
