@@ -16,6 +16,7 @@ from offaug.pipeline import diagnostics as diag
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.workflow import DiagnosticsModel
 
+# Small sizes; the hopper test dataset has ~800 rows, all used.
 FAST = diag.DiagnosticsSettings(evaluation_episodes=2, fqe_steps=50, scatter_points=50)
 NOISE_CLIP = 1e4
 CONFIG = DiagnosticsModel(k=5, quantile=0.95, gamma=0.99, max_states=2000)
@@ -29,7 +30,7 @@ class Hopper:
     ref: DatasetRef
     bc: ModelRef
     critic: ModelRef | None
-    """A CQL checkpoint (None when offaug.algorithms.cql is not there yet)."""
+    """A CQL checkpoint (None when the registry has no ``cql``)."""
     root: Path
 
 
