@@ -1,0 +1,496 @@
+"""The diagnostics' output, typed: what ``diagnostics.json`` (and ``metrics["diagnostics"]``) holds.
+
+:class:`Diagnostics` is the whole document; each section is a TypedDict below, one documented
+field each. Every number is written as a plain ``float`` or ``int`` (non-finite values as
+``null``), every array as a list; a section that does not apply is ``null``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+SCHEMA_VERSION = 1
+"""Version of the :class:`Diagnostics` layout."""
+QUANTILE_LEVELS: tuple[float, ...] = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
+"""Quantile levels of every ``quantiles`` entry."""
+
+
+# -- shared pieces --------------------------------------------------------------------------------
+
+
+class Quantiles(TypedDict):
+    """Quantiles of one series."""
+
+    levels: list[float]
+    """:data:`QUANTILE_LEVELS`."""
+    values: list[float]
+    """The series' quantile at each level (empty for no data)."""
+
+
+class PairedHistogram(TypedDict):
+    """Counts of the original and the augmented series over one set of edges."""
+
+    edges: list[float]
+    """``bins + 1`` bin edges shared by both series."""
+    original: list[int] | None
+    """Counts of the original series."""
+    augmented: list[int] | None
+    """Counts of the augmented series (None without augmented data)."""
+
+
+# -- data -----------------------------------------------------------------------------------------
+
+
+class EpisodeLength(TypedDict):
+    """Episode lengths in steps (None without episodes)."""
+
+    mean: float | None
+    """Mean length."""
+    min: int | None
+    """Shortest episode."""
+    max: int | None
+    """Longest episode."""
+
+
+class ReturnSummary(TypedDict):
+    """Undiscounted episode returns."""
+
+    mean: float | None
+    """Mean return (None without episodes)."""
+    std: float | None
+    """Standard deviation of the returns."""
+    quantiles: Quantiles
+    """Their quantiles."""
+
+
+# ``return`` is a keyword, so this one is spelled functionally; the fields, in order:
+# episodes, steps, reward mean and std (None without rows), terminal and timeout counts, episode
+# lengths, and undiscounted episode returns.
+DataSummary = TypedDict(
+    "DataSummary",
+    {
+        "episodes": int,
+        "steps": int,
+        "reward_mean": float | None,
+        "reward_std": float | None,
+        "terminals": int,
+        "timeouts": int,
+        "episode_length": EpisodeLength,
+        "return": ReturnSummary,
+    },
+)
+
+
+class DataSection(TypedDict):
+    """``data``: both datasets summarised."""
+
+    gamma: float
+    """The discount of every discounted quantity."""
+    effective_horizon: float
+    """``1 / (1 - gamma)`` steps."""
+    original: DataSummary
+    """The source dataset."""
+    augmented: DataSummary | None
+    """The augmented data (None without it)."""
+    return_histogram: PairedHistogram
+    """Undiscounted episode returns of both over shared edges."""
+
+
+# -- importance weights ---------------------------------------------------------------------------
+
+
+class WeightSummary(TypedDict):
+    """Statistics of a set of importance weights."""
+
+    n: int
+    """Transitions."""
+    ess: float
+    """Effective sample size (sum w)^2 / sum w^2."""
+    ess_fraction: float
+    """ESS / N."""
+    clipped_fraction: float | None
+    """Share of raw beta_hat/mu above ``max_weight`` (None without log-probabilities or clip)."""
+    mean: float | None
+    """Mean stored (clipped) weight (None without rows)."""
+    min: float | None
+    """Smallest stored weight."""
+    max: float | None
+    """Largest stored weight."""
+
+
+class ShardWeights(TypedDict):
+    """One shard's weights."""
+
+    shard: str
+    """The shard's file name."""
+    n: int
+    """Its transitions."""
+    ess: float
+    """Its effective sample size."""
+    ess_fraction: float
+    """ESS / N."""
+    clipped_fraction: float | None
+    """As in :class:`WeightSummary`."""
+
+
+class WeightHistogram(TypedDict):
+    """Histogram of log10 w over the positive weights."""
+
+    edges: list[float]
+    """Bin edges (log10 w)."""
+    counts: list[int]
+    """Transitions per bin."""
+    zeros: int
+    """Weights exactly 0 (not in the bins)."""
+
+
+class EpisodeWeights(TypedDict):
+    """Per-episode cumulative weights prod_t beta_hat/mu = exp(cumulative log-ratio at the end)."""
+
+    episodes: int
+    """Episodes."""
+    log_quantiles: Quantiles
+    """Quantiles of the cumulative log-weight (natural log)."""
+    quantiles: Quantiles
+    """Quantiles of the cumulative weight (exp, capped at e^700)."""
+    ess: float
+    """Effective sample size over episodes."""
+    ess_fraction: float
+    """ESS / episodes."""
+
+
+class WeightsSection(WeightSummary):
+    """``weights`` (None without augmented data): the augmented data's importance weights."""
+
+    present: bool
+    """Whether every shard carries ``importance_weight`` (else the missing ones count as 1)."""
+    weight_clip: float | None
+    """The rollout's ``max_weight``, as its manifest records it."""
+    per_shard: list[ShardWeights]
+    """The same statistics per shard."""
+    histogram: WeightHistogram
+    """Histogram of the stored weights."""
+    episodes: EpisodeWeights | None
+    """Per-episode cumulative weights (None without log-probabilities)."""
+
+
+# -- coverage -------------------------------------------------------------------------------------
+
+
+class RangeViolation(TypedDict):
+    """Augmented states outside the original's per-dimension [min, max]."""
+
+    per_dimension: list[float]
+    """Fraction outside, per state dimension."""
+    any_dimension: float
+    """Fraction outside in at least one dimension."""
+    worst_dimension: int | None
+    """The dimension with the largest fraction (None without states)."""
+    worst_fraction: float
+    """That fraction."""
+
+
+class StateCounts(TypedDict):
+    """States sampled from each dataset."""
+
+    original: int
+    """From the original data."""
+    augmented: int
+    """From the augmented data."""
+
+
+class CoverageSection(TypedDict):
+    """``coverage`` (None without augmented data): k-NN OOD score of augmented states.
+
+    The score is the distance to the k-th nearest original state, in the state space
+    standardised by the original sample's mean and std.
+    """
+
+    k: int
+    """The neighbour whose distance is the score."""
+    quantile: float
+    """Quantile of the original states' own distances that sets the threshold."""
+    threshold: float
+    """That quantile of the original states' leave-one-out k-NN distances."""
+    ood_fraction: float
+    """Share of augmented states beyond the threshold (in-distribution: ~1 - quantile)."""
+    states: StateCounts
+    """States sampled from each side."""
+    original_distances: Quantiles
+    """Quantiles of the original states' leave-one-out distances."""
+    augmented_distances: Quantiles
+    """Quantiles of the augmented states' distances."""
+    histogram: PairedHistogram
+    """Both distance distributions over shared edges."""
+    range_violation: RangeViolation
+    """Augmented states outside the original's range (all rows, not the sample)."""
+
+
+# -- divergence -----------------------------------------------------------------------------------
+
+
+class _PolicyDivergenceFields(TypedDict):
+    kind: str
+    """How the policy was treated: ``deterministic (act)``, ``gaussian (beta_hat)``, ..."""
+    nll: float
+    """-E_s log beta_hat(a|s) of the policy's actions (nats, normalised action box)."""
+    kl_monte_carlo: float | None
+    """Monte-Carlo KL(pi || beta_hat) at dataset states (None for a deterministic policy)."""
+    action_distance: float
+    """Mean L2 distance to the dataset action, normalised box (discrete: disagreement rate)."""
+
+
+class PolicyDivergence(_PolicyDivergenceFields, total=False):
+    """One policy's distance from the behaviour model beta_hat."""
+
+    kl_on_rollout_states: float | None
+    """Rollout policy only: mean(rollout_log_prob - behaviour_log_prob) on the states it
+    visited (None without those log-probabilities)."""
+
+
+class DivergenceSection(TypedDict):
+    """``divergence``: every policy against beta_hat on the shared sample of dataset states."""
+
+    states: int
+    """Dataset states in the sample."""
+    dataset_nll: float
+    """-E log beta_hat(a_data|s): the reference level of ``nll``."""
+    policies: dict[str, PolicyDivergence]
+    """``bc`` (beta_hat itself), ``rollout`` (the noisy rollout policy mu, with augmented data)
+    and every trained model."""
+
+
+# -- value ----------------------------------------------------------------------------------------
+
+
+class _ValueGapCount(TypedDict):
+    n: int
+    """Rows compared (0: no other field)."""
+
+
+class ValueGap(_ValueGapCount, total=False):
+    """Q-hat against discounted Monte-Carlo returns on some rows."""
+
+    q_mean: float
+    """Mean Q-hat."""
+    mc_mean: float
+    """Mean Monte-Carlo return."""
+    gap_mean: float
+    """Mean of Q - MC."""
+    gap_std: float
+    """Its standard deviation."""
+    gap_median: float
+    """Its median."""
+    overestimated_fraction: float
+    """Share of rows with Q > MC."""
+    sign: str
+    """``over``, ``under`` or ``exact`` (the sign of ``gap_mean``)."""
+    complete_n: int
+    """Rows whose MC return is complete (terminated, or >= 3 / (1 - gamma) steps left)."""
+    complete_gap_mean: float | None
+    """Mean gap over those rows (None without any)."""
+
+
+class RandomActionGap(TypedDict):
+    """Q-hat at uniform random actions against Q-hat at dataset actions, same states."""
+
+    q_dataset_actions: float
+    """Mean Q-hat at dataset actions."""
+    q_random_actions: float
+    """Mean Q-hat at random actions."""
+    difference: float
+    """Random minus dataset."""
+
+
+class ScatterPoints(TypedDict):
+    """Paired points of a Q-vs-MC scatter."""
+
+    q: list[float]
+    """Q-hat."""
+    mc: list[float]
+    """Monte-Carlo return."""
+
+
+class ValueScatter(TypedDict):
+    """At most ``scatter_points`` points of each comparison."""
+
+    dataset: ScatterPoints
+    """Dataset (s, a)."""
+    rollout: ScatterPoints | None
+    """Fresh evaluation episodes (None without an environment)."""
+
+
+class ValueEntry(TypedDict):
+    """One critic's value checks."""
+
+    dataset: ValueGap
+    """Q(s, a) at dataset (s, a) against the MC return from that step."""
+    random_actions: RandomActionGap
+    """Q at random against dataset actions."""
+    rollout: ValueGap | None
+    """Q(s, pi(s)) at states of fresh evaluation episodes (None without an environment)."""
+    scatter: ValueScatter
+    """Points for the report's scatter plot."""
+
+
+# -- evaluation, OPE, ranking ---------------------------------------------------------------------
+
+
+class EpisodeRecords(TypedDict):
+    """Evaluation episodes of one policy."""
+
+    returns: list[float]
+    """Undiscounted return per episode."""
+    lengths: list[int]
+    """Steps per episode."""
+    discounted_returns: list[float]
+    """Discounted return per episode."""
+    successes: list[bool]
+    """``info["success"]`` at the last step, else "ran to the time limit"."""
+    mean_return: float | None
+    """Mean return (None without episodes)."""
+    mean_discounted_return: float | None
+    """Mean discounted return."""
+    mean_length: float | None
+    """Mean length."""
+    success_rate: float | None
+    """Share of successful episodes."""
+
+
+class EvaluationEntry(EpisodeRecords):
+    """``evaluation[model]``: fresh episodes of a trained policy from fixed reset seeds."""
+
+    normalised_score: float | None
+    """D4RL-normalised mean return (None without reference scores)."""
+
+
+class CheckpointEvaluation(EpisodeRecords):
+    """:func:`evaluate_checkpoint`'s result."""
+
+    name: str
+    """The checkpoint path."""
+    path: str
+    """The checkpoint path."""
+
+
+class OpeEntry(TypedDict):
+    """``ope[model]``: off-policy estimates of the policy's value against the truth."""
+
+    fqe: float
+    """Fitted-Q evaluation from the dataset's episode starts."""
+    wpdis: float | None
+    """Weighted per-decision importance sampling."""
+    wpdis_ess_fraction: float | None
+    """ESS / episodes of WPDIS's final weights."""
+    true_discounted_return: float | None
+    """Mean discounted return of the evaluation episodes (None without an environment)."""
+    fqe_error: float | None
+    """FQE minus the truth."""
+    wpdis_error: float | None
+    """WPDIS minus the truth."""
+
+
+class OpeSettings(TypedDict):
+    """``ope["settings"]``: how the estimates were made."""
+
+    target_sigma: float
+    """Std of the Gaussian standing in for a deterministic policy."""
+    target_epsilon: float
+    """Epsilon standing in for a discrete greedy policy."""
+    fqe_steps: int
+    """Adam steps of FQE."""
+    fqe_tau: float
+    """Polyak rate of FQE's target."""
+    episodes: int
+    """Dataset episodes in the shared sample."""
+    transitions: int
+    """Rows in the shared sample."""
+    evaluation_max_length: int | None
+    """Longest evaluation episode (FQE reads high against episodes cut by a time limit)."""
+
+
+class WpdisResult(TypedDict):
+    """:func:`weighted_per_decision_is`'s result."""
+
+    estimate: float | None
+    """The estimate (None without rows)."""
+    episodes: int
+    """Episodes used."""
+    ess_fraction: float | None
+    """ESS / episodes of the final weights."""
+
+
+RankBy = TypedDict("RankBy", {"return": int, "success": int, "length": int})
+"""A policy's rank on each criterion alone (1 is best; ties share the best rank)."""
+
+
+class RankingEntry(TypedDict):
+    """One entry of ``ranking``, best first."""
+
+    name: Any
+    """The policy's name (a checkpoint path for :func:`rank_checkpoints`)."""
+    path: Any
+    """Its checkpoint path, when known."""
+    rank: int
+    """1 is best: by mean return, then success rate, then length."""
+    mean_return: Any
+    """Mean return of its evaluation episodes."""
+    mean_length: Any
+    """Their mean length."""
+    success_rate: Any
+    """Their success rate."""
+    rank_by: RankBy
+    """Its rank on each criterion alone."""
+
+
+# -- a policy's part and the whole document -------------------------------------------------------
+
+
+class PolicyPart(TypedDict):
+    """:func:`diagnose_policy`'s result: one trained policy's checks, merged into the document."""
+
+    name: str
+    """The model's name."""
+    divergence: PolicyDivergence
+    """Its ``divergence.policies`` entry."""
+    evaluation: EvaluationEntry | None
+    """Its ``evaluation`` entry (None without an environment)."""
+    value: ValueEntry | None
+    """Its ``value`` entry (None without ``q_values``)."""
+    ope: OpeEntry | None
+    """Its ``ope`` entry (None without sampled rows)."""
+    evaluation_max_length: int | None
+    """Its longest evaluation episode."""
+    seconds: float
+    """Time taken."""
+
+
+class Diagnostics(TypedDict):
+    """The whole document, as :func:`run_diagnostics` writes it."""
+
+    schema_version: int
+    """:data:`SCHEMA_VERSION`."""
+    seed: int
+    """Seed of every sample drawn."""
+    config: dict[str, Any]
+    """The workflow's ``diagnostics`` section (k, quantile, gamma, max_states)."""
+    settings: dict[str, Any]
+    """:class:`~offaug.pipeline.diagnostics.settings.DiagnosticsSettings` as a dict."""
+    data: DataSection
+    """Both datasets summarised."""
+    weights: WeightsSection | None
+    """Importance weights of the augmented data."""
+    coverage: CoverageSection | None
+    """OOD score of augmented states."""
+    divergence: DivergenceSection
+    """Every policy against beta_hat."""
+    evaluation: dict[str, EvaluationEntry] | None
+    """Fresh episodes of each trained policy (None without an environment)."""
+    ranking: list[RankingEntry] | None
+    """The trained policies ranked, best first (None without an environment)."""
+    value: dict[str, ValueEntry]
+    """Value checks of every model whose trainer has ``q_values``."""
+    ope: dict[str, Any]
+    """``settings`` (:class:`OpeSettings`) plus one :class:`OpeEntry` per trained model."""
+    timings: dict[str, float]
+    """Seconds per section, and ``policy:<name>`` per policy."""
