@@ -813,3 +813,47 @@ def cache_clear() -> None:
 def main() -> None:
     """Entry point for ``python -m offaug``."""
     app()
+
+
+_SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
+
+
+@app.command("doctor")
+def doctor_command(
+    source: Annotated[
+        str, typer.Argument(help="Minari id or directory, D4RL .hdf5, or shard set.")
+    ],
+    workflow: Annotated[
+        Path | None, typer.Option(help="Also check this workflow's rollout horizon.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    gamma: Annotated[
+        float | None,
+        typer.Option(help="The learner's discount (default the workflow's, else 0.99)."),
+    ] = None,
+    download: Annotated[bool, typer.Option(help="Download a missing Minari dataset.")] = False,
+) -> None:
+    """Check a dataset for offline-RL pitfalls; exit 0 (clean), 1 (warnings) or 2 (errors)."""
+    from offaug.pipeline.doctor import doctor_source
+
+    if gamma is not None and not 0.0 < gamma < 1.0:
+        raise typer.BadParameter(f"must lie in (0, 1), got {gamma}", param_hint="--gamma")
+    loaded = _load_workflow(workflow) if workflow is not None else None
+    report = _run(lambda: doctor_source(source, workflow=loaded, gamma=gamma, download=download))
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        raise typer.Exit(code=report.exit_code)
+    facts = report.facts
+    table = Table(
+        title=f"{source}: {facts['episodes']} episodes, {facts['steps']} steps, "
+        f"gamma {facts['gamma']:g} (T_eff {facts['t_eff']:.1f})"
+    )
+    for column in ("severity", "code", "what it saw", "what to do"):
+        table.add_column(column, overflow="fold")
+    for finding in report.findings:
+        style = _SEVERITY_STYLE[finding.severity]
+        table.add_row(
+            f"[{style}]{finding.severity}[/]", finding.code, finding.message, finding.advice
+        )
+    console.print(table)
+    raise typer.Exit(code=report.exit_code)
