@@ -848,8 +848,10 @@ def doctor_command(
         title=f"{source}: {facts['episodes']} episodes, {facts['steps']} steps, "
         f"gamma {facts['gamma']:g} (T_eff {facts['t_eff']:.1f})"
     )
-    for column in ("severity", "code", "what it saw", "what to do"):
-        table.add_column(column, overflow="fold")
+    table.add_column("severity", no_wrap=True)
+    table.add_column("code", no_wrap=True)
+    table.add_column("what it saw", overflow="fold")
+    table.add_column("what to do", overflow="fold")
     for finding in report.findings:
         style = _SEVERITY_STYLE[finding.severity]
         table.add_row(

@@ -88,7 +88,8 @@ def env_facts(meta: Mapping[str, Any]) -> EnvFacts:
     spec = _json_object(meta.get("env_spec"))
     env_id = spec.get("id") if isinstance(spec.get("id"), str) else None
     limit = spec.get("max_episode_steps")
-    kwargs = spec.get("kwargs") if isinstance(spec.get("kwargs"), dict) else {}
+    kwargs = spec.get("kwargs")
+    kwargs = kwargs if isinstance(kwargs, dict) else {}
     action_box = _action_box(_json_object(meta.get("action_space")))
     return EnvFacts(
         env_id=env_id,
