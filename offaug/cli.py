@@ -859,3 +859,68 @@ def doctor_command(
         )
     console.print(table)
     raise typer.Exit(code=report.exit_code)
+
+
+@app.command("render")
+def render_command(
+    policy: Annotated[Path, typer.Argument(help="A checkpoint (.pt) or a training run directory.")],
+    episodes: Annotated[int, typer.Option(min=1, help="Evaluation episodes to film.")] = 1,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Video file (.gif, .mp4 or .webm); several episodes add -0, -1, ... to its "
+            "name. Default: videos/episode.gif in the run directory."
+        ),
+    ] = None,
+    fps: Annotated[
+        float | None, typer.Option(min=0.1, help="Playback rate (default: real time).")
+    ] = None,
+    size: Annotated[str, typer.Option(help="Frame size WIDTHxHEIGHT.")] = "160x120",
+    frame_skip: Annotated[int, typer.Option(min=1, help="Film every k-th step.")] = 4,
+    max_frames: Annotated[int, typer.Option(min=1, help="At most this many frames.")] = 120,
+    seed: Annotated[int, typer.Option(help="Reset seed of the first episode.")] = 0,
+    env: Annotated[
+        str | None, typer.Option(help="Gymnasium env id (default: the run's own).")
+    ] = None,
+) -> None:
+    """Film a policy's evaluation episodes offscreen into GIF/MP4/WebM files."""
+    from offaug.algorithms.base import CheckpointError
+    from offaug.pipeline.render import (
+        RenderUnavailable,
+        VideoOptions,
+        default_video_path,
+        render_checkpoint,
+    )
+    from offaug.pipeline.video import video_format, write_video
+
+    width, _, height = size.lower().partition("x")
+    if not (width.isdigit() and height.isdigit()):
+        raise typer.BadParameter(f"expected WIDTHxHEIGHT, got {size!r}", param_hint="--size")
+    options = VideoOptions(int(width), int(height), frame_skip, max_frames)
+    out = out or default_video_path(policy)
+    try:
+        video_format(out)
+        filmed = _run(
+            lambda: render_checkpoint(
+                policy, episodes=episodes, seed=seed, options=options, env_id=env
+            )
+        )
+    except (RenderUnavailable, CheckpointError, ValueError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2) from exc
+    table = Table(title=f"{policy}: {episodes} episode(s)")
+    table.add_column("file", overflow="fold")
+    for column in ("return", "steps", "frames", "KiB", "render s"):
+        table.add_column(column, justify="right")
+    for index, episode in enumerate(filmed):
+        path = out if episodes == 1 else out.with_name(f"{out.stem}-{index}{out.suffix}")
+        write_video(episode.frames, path, fps or episode.fps)
+        table.add_row(
+            str(path),
+            f"{episode.episode_return:.1f}",
+            str(episode.length),
+            str(len(episode.frames)),
+            f"{path.stat().st_size / 1024:.0f}",
+            f"{episode.render_seconds:.1f}",
+        )
+    console.print(table)
