@@ -29,9 +29,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
+from minari.dataset.minari_dataset import parse_dataset_id
 from minari.dataset.minari_storage import is_image_space
+from minari.namespace import NAMESPACE_METADATA_FILENAME
 from minari.serialization import deserialize_space
 
+from offaug.datasets.atomic import write_text_atomic
 from offaug.datasets.errors import DataError
 
 METADATA_NAME = "metadata.json"
@@ -137,6 +140,29 @@ def minari_metadata(
         metadata["requirements"] = list(requirements)
     metadata[METADATA_KEY] = dict(offaug)
     return metadata
+
+
+def validate_dataset_id(dataset_id: str) -> None:
+    """Refuse an id Minari cannot parse (``[namespace/]name-vK``)."""
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError) as exc:
+        raise DataError(
+            "not a Minari dataset id: [namespace/]name-vK",
+            field=f"dataset_id={dataset_id!r}",
+        ) from exc
+
+
+def mark_namespaces(root: Path, dataset_id: str) -> None:
+    """Mark each namespace of the id as Minari's ``create_namespace`` does (empty metadata)."""
+    namespaces = dataset_id.split("/")[:-1]
+    for depth in range(1, len(namespaces) + 1):
+        marker = root.joinpath(*namespaces[:depth]) / NAMESPACE_METADATA_FILENAME
+        if not marker.exists():
+            try:
+                write_text_atomic(marker, "{}")
+            except OSError:  # cosmetic: Minari reads datasets without these markers
+                return
 
 
 # --------------------------------------------------------------------------- spaces

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from offaug.datasets.errors import DataError
-from offaug.datasets.layout import EXTRA_INFO_PREFIX, InfoColumn
+from offaug.datasets.layout import EXTRA_INFO_PREFIX, InfoColumn, Spaces
 from offaug.datasets.shards import ShardSet
 from offaug.datasets.transitions import OPTIONAL_FIELDS, Transitions
 from offaug.datasets.weights import effective_sample_size_from_sums
@@ -217,3 +217,14 @@ class PartStats:
                 self.sources[code] = self.sources.get(code, 0) + count
         if chunk.importance_weight is not None:
             self.weights.add(chunk.importance_weight)
+
+
+def stored_bytes(infos: Sequence[PartInfo], spaces: Spaces, columns: Sequence[InfoColumn]) -> int:
+    """Bytes of every stored step array (N steps, N + 1 observations per episode)."""
+    rows = sum(info.rows for info in infos)
+    episodes = sum(info.episodes for info in infos)
+    observation = sum(leaf.width * leaf.dtype.itemsize for leaf in spaces.leaves)
+    action = int(np.prod(spaces.action_shape, dtype=np.int64)) * spaces.action_dtype.itemsize
+    info = sum(int(np.prod(c.row_shape, dtype=np.int64)) * c.dtype.itemsize for c in columns)
+    # rewards float64, terminations and truncations one byte each
+    return (rows + episodes) * (observation + info) + rows * (action + 8 + 2)

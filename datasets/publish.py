@@ -47,13 +47,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import xxhash
-from minari.dataset.minari_dataset import parse_dataset_id
-from minari.namespace import NAMESPACE_METADATA_FILENAME
 
 from offaug import __version__ as offaug_version
-from offaug.datasets.atomic import json_default, staged_directory, write_text_atomic
+from offaug.datasets.atomic import json_default, staged_directory
 from offaug.datasets.card import render_card
 from offaug.datasets.errors import DataError
 from offaug.datasets.layout import (
@@ -64,9 +61,11 @@ from offaug.datasets.layout import (
     METADATA_KEY,
     InfoColumn,
     Spaces,
+    mark_namespaces,
     minari_metadata,
     read_metadata,
     resolve_spaces,
+    validate_dataset_id,
 )
 from offaug.datasets.parts import (
     Part,
@@ -77,6 +76,7 @@ from offaug.datasets.parts import (
     describe_part,
     info_columns,
     settle_extras,
+    stored_bytes,
 )
 from offaug.datasets.paths import dataset_root, resolve_dataset_dir
 from offaug.datasets.shards import CHECKSUM_ALGORITHM, file_checksum
@@ -130,41 +130,6 @@ class PublishedDataset:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return dataclasses.asdict(self)
-
-
-def _expected_stored_bytes(
-    infos: Sequence[PartInfo], spaces: Spaces, columns: Sequence[InfoColumn]
-) -> int:
-    """Bytes of every stored step array (N steps, N + 1 observations per episode)."""
-    rows = sum(info.rows for info in infos)
-    episodes = sum(info.episodes for info in infos)
-    observation = sum(leaf.width * leaf.dtype.itemsize for leaf in spaces.leaves)
-    action = int(np.prod(spaces.action_shape, dtype=np.int64)) * spaces.action_dtype.itemsize
-    info = sum(int(np.prod(c.row_shape, dtype=np.int64)) * c.dtype.itemsize for c in columns)
-    # rewards float64, terminations and truncations one byte each
-    return (rows + episodes) * (observation + info) + rows * (action + 8 + 2)
-
-
-def _ensure_namespaces(root: Path, dataset_id: str) -> None:
-    """Mark each namespace of the id as Minari's ``create_namespace`` does (empty metadata)."""
-    namespaces = dataset_id.split("/")[:-1]
-    for depth in range(1, len(namespaces) + 1):
-        marker = root.joinpath(*namespaces[:depth]) / NAMESPACE_METADATA_FILENAME
-        if not marker.exists():
-            try:
-                write_text_atomic(marker, "{}")
-            except OSError:  # cosmetic: Minari reads datasets without these markers
-                return
-
-
-def _validate_id(dataset_id: str) -> None:
-    try:
-        parse_dataset_id(dataset_id)
-    except (ValueError, TypeError) as exc:
-        raise DataError(
-            "not a Minari dataset id: [namespace/]name-vK",
-            field=f"dataset_id={dataset_id!r}",
-        ) from exc
 
 
 def _meta_value(parts: Sequence[PartInfo], key: str) -> Any:
@@ -231,7 +196,7 @@ def publish_dataset(
     if not parts:
         raise DataError("nothing to publish", field="parts")
     backend = storage_backend(data_format)
-    _validate_id(dataset_id)
+    validate_dataset_id(dataset_id)
     final = resolve_dataset_dir(dataset_id, root)
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final}: dataset {dataset_id} exists; pass overwrite=True")
@@ -280,7 +245,7 @@ def publish_dataset(
             card=card,
             **described,
         )
-    _ensure_namespaces(dataset_root(root), dataset_id)
+    mark_namespaces(dataset_root(root), dataset_id)
     return PublishedDataset(
         dataset_id=dataset_id,
         path=str(final),
@@ -355,7 +320,7 @@ def _write_episodes(
             for chunk in chunks(part):
                 if writer is None:
                     columns = settle_extras(columns, chunk)
-                    expected_bytes = _expected_stored_bytes(infos, spaces, columns)
+                    expected_bytes = stored_bytes(infos, spaces, columns)
                     writer = backend.writer(
                         data_dir, spaces, columns, expected_bytes=expected_bytes
                     )
