@@ -257,7 +257,7 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     keys, so ``offaug run`` on that file resumes a run started in-process; a changed value
     changes the key.
     """
-    from offaug.pipeline.graph import _hash
+    from offaug.pipeline.keys import stage_key
 
     workflow = _workflow(
         tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 32}}}
@@ -269,7 +269,7 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     changed = _workflow(tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 33}}})
 
     def key(w: Workflow) -> str:
-        return _hash("train:bc-original", {"train": w.train, "evaluation": w.evaluation}, [])
+        return stage_key("train:bc-original", {"train": w.train, "evaluation": w.evaluation}, [])
 
     assert key(reloaded) == key(workflow)
     assert key(changed) != key(workflow)
@@ -280,13 +280,14 @@ def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_pa
     worker, the second waits for a free worker and runs on the one that frees up, not queued
     behind the first (the stranding that left a worker idle for 40 s of the quickstart).
     """
-    from offaug.pipeline.graph import StageRecords, _Graph
     from offaug.pipeline.layout import RunLayout
+    from offaug.pipeline.rundir import StageRecords
+    from offaug.pipeline.scheduler import StageScheduler
 
     layout = RunLayout(tmp_path / "run")
     layout.root.mkdir(parents=True)
     events: list[tuple[str, str]] = []
-    graph = _Graph(
+    graph = StageScheduler(
         cluster.client,
         StageRecords(layout),
         (),
@@ -327,8 +328,9 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
     """
     from distributed import Client
 
-    from offaug.pipeline.graph import StageRecords, _Graph
     from offaug.pipeline.layout import RunLayout
+    from offaug.pipeline.rundir import StageRecords
+    from offaug.pipeline.scheduler import StageScheduler
 
     layout = RunLayout(tmp_path / "run")
     layout.root.mkdir(parents=True)
@@ -338,7 +340,7 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
         while not any(other.processing().values()) and time.time() < deadline:
             time.sleep(0.05)
         occupied = next(w for w, keys in other.processing().items() if keys)
-        graph = _Graph(cluster.client, StageRecords(layout), (), lambda *_: None, 1)
+        graph = StageScheduler(cluster.client, StageRecords(layout), (), lambda *_: None, 1)
         graph.stage("a", time.sleep, {"seconds": 0.3}, [], 0.3)
         graph.stage("b", time.sleep, {"seconds": 0.3}, [], 0.3)
         started = time.perf_counter()
