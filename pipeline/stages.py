@@ -309,7 +309,7 @@ def train_offline(
         threads=threads,
         compile=train_config.compile,
     )
-    config = dict(train_config.configs.get(algorithm, {}))  # type: ignore[call-overload]
+    config = dict(train_config.configs.get(algorithm, {}))
     final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
     name = f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
     return _model_ref(name, final / "checkpoint.pt", _last_metrics(final))

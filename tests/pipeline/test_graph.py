@@ -252,6 +252,50 @@ def test_workflow_files_validate(tmp_path: Path) -> None:
     assert "rollout.episodes" in message and "rollout.nosie" in message and "bad.yaml:" in message
 
 
+def test_learner_configs_are_checked_against_their_config_classes(tmp_path: Path) -> None:
+    """A typo in a learner's config fails validation, naming file, line and field, before BC
+    and the rollouts have run; so do wrong types, unknown learners and typos under ``bc``.
+    """
+    from offaug.pipeline.workflow import WorkflowError, load_workflow
+
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        "name: x\n"
+        "source: {dataset: a/b-v0}\n"
+        "train:\n"
+        "  configs:\n"
+        "    cql: {hiden: [64, 64], learning_rat: 3}\n"
+        "    bcq:\n"
+        "      batch_size: 2.5\n"
+        "      actor_hidden: [64, many]\n"
+        "    qlearn: {}\n"
+        "bc:\n"
+        "  hiden: [3]\n"
+    )
+    with pytest.raises(WorkflowError) as info:
+        load_workflow(path)
+    lines = str(info.value).splitlines()
+
+    def line_of(field: str) -> str:
+        return next(line for line in lines if f": {field}: " in line)
+
+    hiden = line_of("train.configs.cql.hiden")
+    assert hiden.startswith(f"{path}:5: ") and "allowed here:" in hiden
+    assert "critic_learning_rate" in hiden and "hidden" in hiden
+    assert line_of("train.configs.cql.learning_rat").startswith(f"{path}:5: ")
+    assert line_of("train.configs.bcq.batch_size").startswith(f"{path}:7: ")
+    assert line_of("train.configs.bcq.actor_hidden.1").startswith(f"{path}:8: ")
+    assert "cql, bcq" in line_of("train.configs.qlearn")
+    assert line_of("bc.hiden").startswith(f"{path}:11: ")
+    assert len(lines) == 6
+
+    # The same check for a workflow built in Python, and valid configs pass untouched.
+    with pytest.raises(ValueError, match=r"cql\.hiden"):
+        _workflow(tmp_path, train={"configs": {"cql": {"hiden": [64, 64]}}})
+    good = _workflow(tmp_path, train={"configs": {"cql": {"hidden": [64, 64], "gamma": 1}}})
+    assert good.train.configs["cql"] == {"hidden": [64, 64], "gamma": 1}
+
+
 def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None:
     """A workflow written out by ``yaml.safe_dump`` (keys sorted) and read back keeps its stage
     keys, so ``offaug run`` on that file resumes a run started in-process; a changed value
