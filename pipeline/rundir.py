@@ -185,6 +185,16 @@ def read_stage_records(run_dir: str | Path) -> StageRecords:
     return StageRecords(layout)
 
 
+def augmented_directory(run_dir: str | Path) -> Path:
+    """The augmented shard set a run directory's ``rollout`` stage wrote.
+
+    Raises:
+        FileNotFoundError: no stage records.
+        DataError: no finished ``rollout`` stage.
+    """
+    return Path(read_stage_records(run_dir).result("rollout", AugmentedRef).directory)
+
+
 def read_workflow(run_dir: str | Path) -> Workflow | None:
     """The resolved workflow a run recorded (``workflow.yaml``), or ``None`` without one."""
     layout = RunLayout(Path(run_dir))
