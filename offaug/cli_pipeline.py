@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from offaug.cli_common import console, err_console, fail, guard
+from offaug.pipeline.runlock import RunDirectoryLocked, RunLock
 
 RUN_DIRECTORY_IN_USE = 3
 """The exit status of ``offaug run`` on a run directory another live run holds."""
@@ -53,14 +54,44 @@ def run(
     One run at a time per run directory: on a directory another live run holds, this stops
     at once (exit status 3) naming that run's host, pid and start time.
     """
-    from offaug.pipeline.graph import RunDirectoryLocked, StageFailed, run_workflow
+    # The lock first, before Dask, torch and the data layer are imported: a second run on a
+    # held directory stops within a second. Without --out the directory is named after the
+    # workflow, so the workflow is read first.
+    loaded, run_dir = None, out
+    if run_dir is None:
+        loaded = load_workflow_or_exit(workflow)
+        run_dir = Path("runs") / loaded.name
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+    except RunDirectoryLocked as exc:
+        fail(str(exc), RUN_DIRECTORY_IN_USE)
+    try:
+        result = _run_with_progress(
+            loaded or load_workflow_or_exit(workflow), run_dir, lock, scheduler, force or []
+        )
+    finally:
+        lock.release()
+    if result.dashboard:
+        console.print(f"Dask dashboard was at {result.dashboard}")
+    print_summary(result.run_dir)
+    compute = sum(result.stage_seconds.values())
+    console.print(
+        f"{len(result.executed)} stage(s) run, {len(result.skipped)} up to date; wall "
+        f"{result.wall_seconds:.1f} s, stage compute {compute:.1f} s; results in {result.run_dir}"
+    )
 
-    loaded = load_workflow_or_exit(workflow)
-    run_dir = out or Path("runs") / loaded.name
+
+def _run_with_progress(
+    workflow: Any, run_dir: Path, lock: RunLock, scheduler: str | None, force: list[str]
+) -> Any:
+    """``run_workflow`` under a live table of the stages' states."""
+    from offaug.pipeline.graph import StageFailed, run_workflow
+
     states: dict[str, str] = {}
 
     def render() -> Table:
-        table = Table(title=f"offaug run {loaded.name} -> {run_dir}", show_header=True)
+        table = Table(title=f"offaug run {workflow.name} -> {run_dir}", show_header=True)
         table.add_column("stage")
         table.add_column("state")
         for stage, state in states.items():
@@ -82,21 +113,11 @@ def run(
             live.update(render())
 
         try:
-            result = run_workflow(
-                loaded, run_dir, scheduler=scheduler, force=force or (), on_event=on_event
+            return run_workflow(
+                workflow, run_dir, scheduler=scheduler, force=force, on_event=on_event, lock=lock
             )
-        except RunDirectoryLocked as exc:
-            fail(str(exc), RUN_DIRECTORY_IN_USE)
         except StageFailed as exc:
             fail(str(exc), 1)
-    if result.dashboard:
-        console.print(f"Dask dashboard was at {result.dashboard}")
-    print_summary(result.run_dir)
-    compute = sum(result.stage_seconds.values())
-    console.print(
-        f"{len(result.executed)} stage(s) run, {len(result.skipped)} up to date; wall "
-        f"{result.wall_seconds:.1f} s, stage compute {compute:.1f} s; results in {result.run_dir}"
-    )
 
 
 def diagnose(

@@ -1,7 +1,7 @@
 """Wire a workflow's stages into a graph and run it on Dask, skipping what is already done.
 
 :func:`run_workflow` is the whole pipeline: it locks the run directory
-(:class:`~offaug.pipeline.rundir.RunLock`), connects to a cluster
+(:class:`~offaug.pipeline.runlock.RunLock`), connects to a cluster
 (:func:`~offaug.pipeline.clusters.connect`), adds every stage of :mod:`offaug.pipeline.stages`
 to a :class:`~offaug.pipeline.scheduler.StageScheduler` with its inputs (:func:`_build`, the
 wiring) and runs them. Independent stages (rollout tasks, learners, each learner's
@@ -27,6 +27,7 @@ machine, and imports torch in the background while the first stages run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -39,15 +40,8 @@ from distributed import Client
 from offaug.pipeline import stages
 from offaug.pipeline.clusters import connect
 from offaug.pipeline.layout import RunLayout
-from offaug.pipeline.rundir import (
-    LockHolder,
-    RunDirectoryLocked,
-    RunLock,
-    StageRecords,
-    append_log,
-    describe_takeover,
-    write_workflow,
-)
+from offaug.pipeline.rundir import StageRecords, append_log, write_workflow
+from offaug.pipeline.runlock import LockHolder, RunDirectoryLocked, RunLock, describe_takeover
 from offaug.pipeline.scheduler import EventCallback, Ref, RefList, StageFailed, StageScheduler
 from offaug.pipeline.workers import WorkerSetup
 from offaug.pipeline.workflow import Workflow
@@ -80,6 +74,7 @@ def run_workflow(
     force: Iterable[str] = (),
     on_event: EventCallback | None = None,
     client: Client | None = None,
+    lock: RunLock | None = None,
 ) -> RunResult:
     """Run ``workflow`` into ``run_dir`` (see the module docstring).
 
@@ -91,6 +86,9 @@ def run_workflow(
         on_event: Called with (stage, event, details); events: planned
             (will run), skipped (up to date), submitted (running or queued), finished.
         client: An existing Dask client (tests); otherwise one is made and closed here.
+        lock: The lock of ``run_dir``, already acquired by the caller, who releases it
+            (``offaug run`` takes it before loading anything heavy); otherwise it is taken
+            and released here.
 
     Raises:
         RunDirectoryLocked: another live run holds ``run_dir`` (nothing was started).
@@ -100,7 +98,9 @@ def run_workflow(
     layout = RunLayout(
         Path(run_dir).absolute(), Path(workflow.shards).absolute() if workflow.shards else None
     )
-    with RunLock(layout) as lock:
+    with contextlib.ExitStack() as stack:
+        if lock is None:
+            lock = stack.enter_context(RunLock(layout.root))
         if lock.taken_over is not None:
             message = describe_takeover(lock.taken_over)
             log.warning("%s: %s", layout.root, message)

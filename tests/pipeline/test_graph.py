@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -225,6 +226,44 @@ def test_a_killed_worker_does_not_lose_or_duplicate_shards(
         assert result.executed
     finally:
         started.close()
+
+
+def test_a_second_run_on_a_held_directory_stops_at_once(
+    cluster: Cluster, tmp_path: Path, minari_root: Path
+) -> None:
+    """Two real ``offaug run`` on one ``--out``: the second stops within seconds, naming the
+    first's host, pid and start time, while the first runs on and succeeds.
+    """
+    workflow_file = tmp_path / "wf.yaml"
+    workflow_file.write_text(yaml.safe_dump(_workflow(tmp_path).model_dump(mode="json")))
+    run_dir = tmp_path / "run"
+    command = [str(BIN / "offaug"), "run", str(workflow_file), "--out", str(run_dir)]
+    command += ["--scheduler", cluster.address]
+    env = {**os.environ, "MINARI_DATASETS_PATH": str(minari_root)}
+    first_log = tmp_path / "first.log"
+    with first_log.open("w") as log:
+        first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    lock = run_dir / "run.lock"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+        lock.is_file() and f'"pid": {first.pid}' in lock.read_text()
+    ):
+        time.sleep(0.05)
+    assert first.poll() is None, "the first run holds the lock"
+    started = time.perf_counter()
+    second = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    assert first.poll() is None, f"the second run waited for the first ({elapsed:.1f} s)"
+    assert second.returncode == 3, second.stderr
+    message = " ".join(second.stderr.split())
+    holder = json.loads(lock.read_text())
+    assert f"host {socket.gethostname()}, pid {first.pid}, started {holder['started']}" in message
+    assert "in use by another offaug run" in message and "another --out" in message
+
+    assert first.wait(timeout=600) == 0, first_log.read_text()
+    assert not lock.exists()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
 
 
 def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Path) -> None:
