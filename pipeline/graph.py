@@ -101,6 +101,8 @@ def run_workflow(
     with contextlib.ExitStack() as stack:
         if lock is None:
             lock = stack.enter_context(RunLock(layout.root))
+        elif lock.path.absolute() != layout.lock:
+            raise ValueError(f"the lock given is {lock.path}, not {layout.lock}")
         if lock.taken_over is not None:
             message = describe_takeover(lock.taken_over)
             log.warning("%s: %s", layout.root, message)
