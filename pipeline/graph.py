@@ -40,7 +40,7 @@ from offaug.datasets.atomic import write_json_atomic
 from offaug.datasets.shards import ShardRef, file_checksum
 from offaug.pipeline import stages
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
-from offaug.pipeline.rollout import RolloutShard
+from offaug.pipeline.rollout_tasks import RolloutShard
 from offaug.pipeline.workers import WorkerSetup, run_stage
 from offaug.pipeline.workflow import Workflow
 
