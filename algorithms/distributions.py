@@ -4,16 +4,30 @@ map between an environment's action bounds and the normalised box ``[-1, 1]^d``.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from offaug.algorithms.truncated_normal import LOG_SQRT_2PI as LOG_SQRT_2PI  # the learners' name
+from offaug.algorithms.truncated_normal import ArrayOps
+from offaug.algorithms.truncated_normal import (
+    truncated_normal_log_prob as _truncated_normal_log_prob,
+)
+
 if TYPE_CHECKING:
     from offaug.algorithms.base import Spaces
 
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+TORCH_OPS = ArrayOps(
+    exp=torch.exp,
+    log=torch.log,
+    log1p=torch.log1p,
+    where=torch.where,
+    ndtr=torch.special.ndtr,
+    log_ndtr=torch.special.log_ndtr,
+    clamp=torch.clamp,
+    any=lambda _: True,  # no data-dependent branch: compiled losses and GPUs never sync here
+)
 
 
 def truncated_normal_log_prob(
@@ -25,15 +39,13 @@ def truncated_normal_log_prob(
 ) -> torch.Tensor:
     """Log-density of a Gaussian truncated to ``[low, high]^d``, summed over the last axis.
 
-    ``log N(a; m, s) - log(Phi((high - m)/s) - Phi((low - m)/s))`` per dimension.
+    ``log N(a; m, s) - log(Phi((high - m)/s) - Phi((low - m)/s))`` per dimension
+    (:mod:`offaug.algorithms.truncated_normal`, which the rollouts' numpy path shares).
     """
-    std = log_std.exp()
-    z = (actions - mean) / std
-    log_pdf = -0.5 * z.pow(2) - log_std - LOG_SQRT_2PI
-    upper = torch.special.ndtr((high - mean) / std)
-    lower = torch.special.ndtr((low - mean) / std)
-    mass = (upper - lower).clamp_min(1e-12)
-    return (log_pdf - mass.log()).sum(-1)
+    log_prob: torch.Tensor = _truncated_normal_log_prob(
+        TORCH_OPS, actions, mean, log_std, low, high
+    )
+    return log_prob
 
 
 class ActionNormaliser(nn.Module):

@@ -82,12 +82,14 @@ def _offaug_rollout(
 
     from offaug.algorithms.train import load_trainer
     from offaug.datasets.shards import write_shard
-    from offaug.pipeline.rollout import BCRolloutPolicy, RolloutConfig, rollout
+    from offaug.pipeline.noise import parse_noise
+    from offaug.pipeline.policies import BCRolloutPolicy
+    from offaug.pipeline.rollout import RolloutConfig, rollout
 
     policy = BCRolloutPolicy(load_trainer(checkpoint, device="cpu"))
     kwargs = {"max_episode_steps": max_steps} if max_steps else {}
     config = RolloutConfig(
-        episodes=episodes, n_envs=min(32, episodes), noise="gaussian:0.1", seed=0
+        episodes=episodes, n_envs=min(32, episodes), noise=parse_noise("gaussian:0.1"), seed=0
     )
     envs = [gym.make(env_id, **kwargs) for _ in range(config.n_envs)]
     pool = iter(envs)
