@@ -4,8 +4,9 @@ Every function here computes exactly what a module of :mod:`offaug.algorithms.ne
 on the same parameters (tests check each against its module); they differ only in how the work
 is laid out:
 
-* :func:`affine_mlp`: the one hand-written MLP forward (``addmm`` per layer, ReLUs in place,
-  optional output buffers), on layers given as :data:`Affine` pairs;
+* :func:`affine_mlp` and :func:`ensemble_mlp`: the hand-written MLP forwards, one row batch
+  (``addmm`` per layer, optional output buffers) or ``E`` members at once (``baddbmm`` per
+  layer, what :class:`EnsembleMLP` runs), ReLUs in place;
 * :func:`ensemble_values`: ``Q_e(s, a)`` of a :class:`CriticEnsemble`, member by member on
   blocks of rows on the CPU (CQL's critic pass over ``(3n + 1) * B`` rows);
 * :func:`tiled_mlp`: an MLP of ``[state, extra]`` for ``n`` extras per state, with the state's
@@ -16,12 +17,14 @@ is laid out:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
-from offaug.algorithms.networks import MLP, CriticEnsemble, EnsembleLinear, EnsembleMLP
+if TYPE_CHECKING:
+    # networks builds its ensembles on ensemble_mlp, so this module needs them for types only.
+    from offaug.algorithms.networks import MLP, CriticEnsemble, EnsembleMLP
 
 Affine = tuple[torch.Tensor, torch.Tensor]
 """One affine layer as ``(weight (in, out), bias (out,))``: ``x @ weight + bias``."""
@@ -37,11 +40,7 @@ def mlp_affines(mlp: MLP) -> list[Affine]:
 
 def ensemble_affines(net: EnsembleMLP, member: int) -> list[Affine]:
     """The layers of one member of an :class:`EnsembleMLP` (weights ``(E, in, out)``)."""
-    return [
-        (layer.weight[member], layer.bias[member, 0])
-        for layer in net.layers
-        if isinstance(layer, EnsembleLinear)
-    ]
+    return [(weight[member], bias[member, 0]) for weight, bias in net.affines()]
 
 
 def affine_mlp(
@@ -66,6 +65,20 @@ def affine_mlp(
     return hidden
 
 
+def ensemble_mlp(layers: Sequence[Affine], hidden: torch.Tensor) -> torch.Tensor:
+    """``E`` ReLU MLPs at once: ``(E, B, in) -> (E, B, out)``, one ``baddbmm`` per layer.
+
+    ``layers`` hold ``(weight (E, in, out), bias (E, 1, out))``. Each ReLU runs in place on
+    its multiply's fresh output.
+    """
+    last = len(layers) - 1
+    for depth, (weight, bias) in enumerate(layers):
+        hidden = torch.baddbmm(bias, hidden, weight)
+        if depth < last:
+            hidden = hidden.relu_()
+    return hidden
+
+
 def ensemble_values(
     critic: CriticEnsemble,
     observations: torch.Tensor,
@@ -79,21 +92,21 @@ def ensemble_values(
     ``frozen`` records no gradient for the weights (the inputs keep theirs): an actor's loss
     reaches the actor through the actions without touching the critics.
 
-    ``batched`` (the default off the CPU) is the module's own forward, the ``E`` critics as one
-    batched multiply per layer (``baddbmm``). On the CPU the default applies the same weights
-    member by member (:func:`affine_mlp`) to blocks of at most :data:`CPU_BLOCK_ROWS` rows,
-    which is faster on CQL's thousands of rows a step, as a block's activations stay in cache.
+    ``batched`` (the default off the CPU) runs the module's own forward, :func:`ensemble_mlp`:
+    the ``E`` critics as one batched multiply per layer. On the CPU the default applies the
+    same weights member by member (:func:`affine_mlp`) to blocks of at most
+    :data:`CPU_BLOCK_ROWS` rows, which is faster on CQL's thousands of rows a step, as a
+    block's activations stay in cache.
     """
     if batched is None:
         batched = observations.device.type != "cpu"
-    if batched:
-        if not frozen:
-            values: torch.Tensor = critic(observations, actions)
-            return values
-        detached = {name: p.detach() for name, p in critic.named_parameters()}
-        frozen_values: torch.Tensor = functional_call(critic, detached, (observations, actions))
-        return frozen_values
     inputs = torch.cat([observations, actions], dim=-1)  # (N, obs + act)
+    if batched:
+        layers = critic.net.affines()
+        if frozen:
+            layers = [(weight.detach(), bias.detach()) for weight, bias in layers]
+        expanded = inputs.unsqueeze(0).expand(critic.members, -1, -1)  # (N, in) -> (E, N, in)
+        return ensemble_mlp(layers, expanded).squeeze(-1)  # (E, N, 1) -> (E, N)
     members = []
     for member in range(critic.members):
         affines = ensemble_affines(critic.net, member)

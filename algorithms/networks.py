@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from offaug.algorithms.distributions import tanh_gaussian, truncated_normal_log_prob
+from offaug.algorithms.kernels import ensemble_mlp
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
@@ -88,11 +89,13 @@ class EnsembleMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.members, -1, -1)  # (B, in) -> (E, B, in)
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = x.relu_()  # in place on baddbmm's fresh output, as in MLP
-        return x
+        return ensemble_mlp(self.affines(), x)
+
+    def affines(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's ``(weight (E, in, out), bias (E, 1, out))``, input layer first."""
+        return [
+            (layer.weight, layer.bias) for layer in self.layers if isinstance(layer, EnsembleLinear)
+        ]
 
 
 class CriticEnsemble(nn.Module):
