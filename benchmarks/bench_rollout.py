@@ -38,8 +38,8 @@ def _bc_checkpoint(workdir: Path, env_id: str) -> Path:
     import numpy as np
 
     from offaug.algorithms.base import Spaces, save_checkpoint
+    from offaug.algorithms.batch import TorchBatch
     from offaug.algorithms.bc import BC, BCConfig
-    from offaug.datasets.sampler import TorchBatch
 
     env = gym.make(env_id)
     obs_dim = int(np.prod(env.observation_space.shape))
