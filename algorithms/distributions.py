@@ -5,6 +5,7 @@ normalised box ``[-1, 1]^d``.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
