@@ -173,7 +173,8 @@ def _diagnose(
     ranking: list[RankingEntry] | None = None
     if all(part["evaluation"] is not None for part in parts):  # else no environment
         evaluation = {part["name"]: part["evaluation"] for part in parts}
-        ranking = rank_results([{"name": name, **entry} for name, entry in evaluation.items()])
+        named = [{"name": name, **entry} for name, entry in evaluation.items()]
+        ranking = rank_results(named, config.rank_weights, seed=seed)
     value: dict[str, ValueEntry] = {
         part["name"]: part["value"] for part in parts if part["value"] is not None
     }
