@@ -979,13 +979,14 @@ def rank_command(
     paths = [str(t.checkpoint) for t in targets]
     cluster = None
     if scheduler is None:
-        cluster = LocalCluster(
+        # Dask's client API is untyped (mypy: no-untyped-call on these two calls).
+        cluster = LocalCluster(  # type: ignore[no-untyped-call]
             n_workers=workers or min(len(paths), os.cpu_count() or 1),
             threads_per_worker=1,
             processes=True,
             dashboard_address=":0",
         )
-    with Client(cluster or scheduler, timeout="30s") as client:
+    with Client(cluster or scheduler, timeout="30s") as client:  # type: ignore[no-untyped-call]
         try:
             with console.status(f"rolling {len(paths)} policies from {starts} start states"):
                 ranking = rank_checkpoints(

@@ -307,7 +307,7 @@ def _ranking_html(ranking: Sequence[Mapping[str, Any]] | None) -> str:
     header = ["policy", "rank", "mean return", "mean length", "success"]
     if not all(weighted):
         return _table(header, rows)
-    metric = html.escape(str(weighted[0]["metric"]))
+    metric = html.escape(str(ranking[0]["weighted"]["metric"]))
     note = (
         f'<p class="note">Ranked by the weighted score {metric}: each metric scaled to 0 (worst '
         "episode of any policy) .. 1 (best), weighted, averaged over the shared start states; "

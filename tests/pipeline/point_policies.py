@@ -1,4 +1,5 @@
-"""Three real BC checkpoints of known quality on offaug/PointGoal-v0, for ranking and review.
+"""Three real BC checkpoints of known quality on offaug/PointGoal-v0, and a run directory that
+holds checkpoints, for ranking and review.
 
 Each is a deterministic BC policy trained on states of the point test dataset, relabelled with
 the actions of a hand-written controller: ``toward`` (step to the goal: the best), ``still``
@@ -15,6 +16,8 @@ import numpy as np
 
 from offaug.algorithms.train import TrainOptions, train
 from offaug.datasets import Transitions, load_transitions
+from offaug.pipeline.graph import StageRecords
+from offaug.pipeline.layout import DatasetRef, ModelRef, RunLayout
 
 QUALITY_ORDER = ("toward", "still", "away")
 """Best first."""
@@ -54,3 +57,24 @@ def train_point_policies(dataset_id: str, root: Path, steps: int = 400) -> Point
         )
         checkpoints[name] = result.checkpoint
     return PointPolicies(checkpoints, data)
+
+
+def make_run(data: Transitions, models: dict[str, Path], root: Path) -> Path:
+    """A run directory whose ``stages.json`` (written by the pipeline's own ``StageRecords``)
+    names ``data``'s dataset as the source and ``models`` (``stage name -> checkpoint``, one of
+    them ``bc``) as its models, each named after its checkpoint's folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    records = StageRecords(RunLayout(root))
+    source = DatasetRef(
+        source=str(data.meta["dataset_id"]),
+        rows=len(data),
+        episodes=data.num_episodes,
+        identity="test",
+        has_simulator_state=False,
+        meta=dict(data.meta),
+    )
+    records.record("source", "key", source, 0.0, None, [])
+    for stage, path in models.items():
+        model = ModelRef(name=path.parent.name, path=str(path), checksum="", metrics={})
+        records.record(stage, "key", model, 0.0, None, [])
+    return root

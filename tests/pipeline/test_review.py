@@ -1,7 +1,7 @@
 """Review: a page of each start state's best rollouts, and the picks kept as labelled data.
 
-The run directory is made of real records (``StageRecords``, as the pipeline writes them) over
-the three trained point policies. The browser check runs when ``chromium`` is on PATH.
+The run directory is made of real stage records over the three trained point policies. The
+browser check runs when ``chromium`` is on PATH.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import pytest
 
 from offaug.algorithms.train import TrainOptions, train
 from offaug.datasets import DataError, Source, load_transitions
-from offaug.pipeline.graph import StageRecords
-from offaug.pipeline.layout import DatasetRef, ModelRef, RunLayout
 from offaug.pipeline.review import (
     LABEL_COLUMN,
     ReviewOptions,
@@ -27,35 +25,16 @@ from offaug.pipeline.review import (
     apply_choices,
     review_run,
 )
-from tests.pipeline.point_policies import PointPolicies
-
-
-def make_run(point_policies: PointPolicies, root: Path) -> Path:
-    """A run directory whose records name the point dataset, a BC model and two learners."""
-    data = point_policies.data
-    records = StageRecords(RunLayout(root))
-    source = DatasetRef(
-        source=str(data.meta["dataset_id"]),
-        rows=len(data),
-        episodes=data.num_episodes,
-        identity="test",
-        has_simulator_state=False,
-        meta=dict(data.meta),
-    )
-    records.record("source", "k", source, 0.0, None, [])
-    names = {"still": "bc", "toward": "train:bc-original", "away": "train:bc-augmented"}
-    for policy, stage in names.items():
-        path = point_policies.checkpoints[policy]
-        model = ModelRef(name=policy, path=str(path), checksum="", metrics={})
-        records.record(stage, "k", model, 0.0, None, [])
-    return root
+from tests.pipeline.point_policies import PointPolicies, make_run
 
 
 @pytest.fixture(scope="module")
 def reviewed(
     point_policies: PointPolicies, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, ReviewResult]:
-    run = make_run(point_policies, tmp_path_factory.mktemp("run"))
+    stages = {"bc": "still", "train:bc-original": "toward", "train:bc-augmented": "away"}
+    models = {stage: point_policies.checkpoints[name] for stage, name in stages.items()}
+    run = make_run(point_policies.data, models, tmp_path_factory.mktemp("run"))
     return run, review_run(run, ReviewOptions(starts=2, top=2))
 
 
