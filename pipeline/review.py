@@ -270,7 +270,8 @@ def return_curve(rewards: npt.NDArray[np.float32]) -> str:
 
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1200px; }
+body { font-family: system-ui, sans-serif; margin: 1.5rem auto; padding: 0 1rem;
+       max-width: 1200px; }
 .start { display: flex; gap: 1rem; flex-wrap: wrap; margin-bottom: 1.5rem; }
 .candidate { border: 2px solid #d0d0d0; border-radius: 6px; padding: 0.5rem; cursor: pointer; }
 .candidate:has(input:checked) { border-color: #137333; background: #eef7f0; }

@@ -25,6 +25,7 @@ from offaug.pipeline.review import (
     apply_choices,
     review_run,
 )
+from tests.pipeline.diagnostics.helpers import checkpoint
 from tests.pipeline.point_policies import PointPolicies, make_run
 
 
@@ -150,3 +151,20 @@ def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         ReviewOptions(starts=0)
     assert dataclasses.replace(ReviewOptions(), top=1).top == 1
+
+
+def test_mujoco_candidates_are_animated(make_test_dataset, tmp_path: Path) -> None:
+    dataset_id = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset_id)
+    config = {"policy": "gaussian", "hidden": (8, 8)}
+    models = {
+        stage: Path(checkpoint("bc", data, tmp_path / name / "checkpoint.pt", config).path)
+        for stage, name in (("bc", "bc"), ("train:bc-original", "bc-original"))
+    }
+    run = make_run(data, models, tmp_path / "run")
+    result = review_run(run, ReviewOptions(starts=1, top=2))
+    if result.media_note is not None:
+        pytest.skip(f"no offscreen rendering here: {result.media_note}")
+    page = result.page.read_text(encoding="utf-8")
+    assert page.count('<img src="data:image/gif;base64,') == 2
+    assert "data:image/png" not in page
