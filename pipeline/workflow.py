@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from offaug.pipeline.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
+from offaug.pipeline.rank_metric import RankMetric, parse_rank_metric
 
 Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq"]
 
@@ -261,6 +262,26 @@ class DiagnosticsModel(_Strict):
     )
     gamma: float = Field(0.99, gt=0, lt=1, description="Discount for Monte-Carlo returns.")
     max_states: int = Field(5000, gt=0, description="States sampled for the k-NN and value checks.")
+    rank_metric: str | None = Field(
+        None,
+        description=(
+            "Rank the trained policies by a weighted score of their evaluation episodes, e.g. "
+            "'return:0.6,success:0.3,length:0.1' (metrics return, success, length; -NAME: lower "
+            "is better). Unset: by mean return, then success rate, then length."
+        ),
+    )
+
+    @field_validator("rank_metric")
+    @classmethod
+    def _check_rank_metric(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rank_metric(value)  # RankMetricError is a ValueError: pydantic reports it
+        return value
+
+    @property
+    def rank_weights(self) -> RankMetric | None:
+        """``rank_metric`` parsed (None when unset)."""
+        return None if self.rank_metric is None else parse_rank_metric(self.rank_metric)
 
 
 class PublishModel(_Strict):

@@ -288,6 +288,7 @@ def _ope_html(ope: Mapping[str, Any] | None) -> str:
 def _ranking_html(ranking: Sequence[Mapping[str, Any]] | None) -> str:
     if not ranking:
         return _missing("No evaluation episodes (no environment or no trained policy).")
+    weighted = [entry.get("weighted") for entry in ranking]
     rows = [
         [
             html.escape(str(entry.get("name"))),
@@ -296,9 +297,23 @@ def _ranking_html(ranking: Sequence[Mapping[str, Any]] | None) -> str:
             number(entry.get("mean_length"), 4),
             percent(entry.get("success_rate")),
         ]
-        for entry in ranking
+        + (
+            [f"{number(w['score'], 3)} [{number(w['low'], 3)}, {number(w['high'], 3)}]"]
+            if w
+            else []
+        )
+        for entry, w in zip(ranking, weighted, strict=True)
     ]
-    return _table(["policy", "rank", "mean return", "mean length", "success"], rows)
+    header = ["policy", "rank", "mean return", "mean length", "success"]
+    if not all(weighted):
+        return _table(header, rows)
+    metric = html.escape(str(ranking[0]["weighted"]["metric"]))
+    note = (
+        f'<p class="note">Ranked by the weighted score {metric}: each metric scaled to 0 (worst '
+        "episode of any policy) .. 1 (best), weighted, averaged over the shared start states; "
+        "95 % bootstrap interval over start states.</p>"
+    )
+    return _table([*header, "weighted score [95 % CI]"], rows) + note
 
 
 def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report") -> str:
