@@ -177,12 +177,14 @@ def render_data_stage(
         ``{"method", "clips"}`` or ``{"unavailable": why}``; or ``{"unavailable": why}`` when
         nothing can render here.
     """
-    from offaug.pipeline.render import RenderUnavailable  # torch (see _video_options)
+    # torch (see _video_options)
+    from offaug.pipeline.render import RenderUnavailable, make_render_env
 
     started = time.perf_counter()
     options = _video_options(config)
     out = Path(out_dir)
     try:
+        make_render_env(data.meta, None, options).close()  # an env that cannot film says so
         if data.has_simulator_state:
             original_rows = load_transitions(data.source, info_keys=list(SIMULATOR_STATE_KEYS))
             original = _film_states(original_rows, config, options, out, seed)
