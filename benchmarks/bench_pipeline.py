@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     from distributed import Client, LocalCluster
 
     from offaug.pipeline import stages
-    from offaug.pipeline.graph import WorkerSetup, run_workflow
+    from offaug.pipeline.graph import run_workflow
+    from offaug.pipeline.workers import WorkerSetup
     from offaug.pipeline.workflow import load_workflow
 
     workflows = Path(__file__).resolve().parents[1] / "workflows"

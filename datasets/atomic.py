@@ -30,7 +30,7 @@ def json_default(value: Any) -> Any:
         return value.item()
     if isinstance(value, np.ndarray):
         return value.tolist()
-    if isinstance(value, (set, tuple)):
+    if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     if isinstance(value, Path):
         return str(value)
@@ -70,11 +70,25 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=json_default) + "\n")
 
 
-def replace_directory(staging: Path, final: Path) -> None:
-    """Move the complete directory ``staging`` to ``final``, replacing what was there."""
+def replace_directory(staging: Path, final: Path, *, overwrite: bool = True) -> None:
+    """Move the complete directory ``staging`` to ``final``.
+
+    With ``overwrite`` what was at ``final`` is replaced; without it an existing ``final``
+    (including one that appeared while ``staging`` was being built) is refused.
+
+    Raises:
+        FileExistsError: ``final`` exists and ``overwrite`` is false.
+    """
     if not final.exists():
-        os.replace(staging, final)
-        return
+        try:
+            os.rename(staging, final)
+            return
+        except OSError:
+            if not final.exists():
+                raise
+            # ``final`` appeared while ``staging`` was built: treated as an existing one.
+    if not overwrite:
+        raise FileExistsError(f"{final}: exists; pass overwrite=True to replace it")
     # Two renames: the old directory moves aside, the new one moves in, then the old one goes.
     retired = tmp_name(final)
     os.replace(final, retired)
@@ -84,3 +98,28 @@ def replace_directory(staging: Path, final: Path) -> None:
         os.replace(retired, final)
         raise
     shutil.rmtree(retired, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_directory(final: str | Path, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a new, empty hidden sibling of ``final`` to fill; move it into place on success.
+
+    The existing ``final`` is refused up front unless ``overwrite``, and replaced only once the
+    block has completed. On any exception the staging directory is removed and whatever was at
+    ``final`` stays. Hidden, so listings of the parent (Minari's among them) skip it.
+
+    Raises:
+        FileExistsError: ``final`` exists and ``overwrite`` is false.
+    """
+    target = Path(final)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target}: exists; pass overwrite=True to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = tmp_name(target)
+    staging.mkdir()
+    try:
+        yield staging
+        replace_directory(staging, target, overwrite=overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

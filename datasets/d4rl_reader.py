@@ -45,6 +45,8 @@ DEFAULT_MAX_EPISODE_STEPS = 1000
 
 
 def _read_array(handle: Any, key: str, path: Path) -> npt.NDArray[Any]:
+    # h5py loads when an HDF5 file is read, as for Minari's HDF5 storage (datasets/storage):
+    # importing offaug.datasets does not load it.
     import h5py
 
     node = handle.get(key)
@@ -94,7 +96,7 @@ def read_d4rl_hdf5(
         info_keys: ``infos/*`` arrays to carry as extras (e.g. ``("qpos", "qvel")``).
         check_finite: Refuse NaN/inf observations and rewards.
     """
-    import h5py
+    import h5py  # loaded on first use, see _read_array
 
     file = Path(path)
     if not file.is_file():

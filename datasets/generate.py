@@ -21,14 +21,28 @@ from pathlib import Path
 from typing import Any, Literal
 
 import gymnasium as gym
+import minari
 import numpy as np
 import numpy.typing as npt
+from minari.data_collector import EpisodeBuffer
 
+from offaug.datasets.atomic import replace_directory, tmp_name
 from offaug.datasets.envs import register_envs
 from offaug.datasets.errors import DataError
 from offaug.datasets.paths import dataset_root, resolve_dataset_dir
+from offaug.datasets.storage import StorageFormat, storage_backend
+from offaug.datasets.transitions import SIMULATOR_STATE_KEYS
 
-StorageFormat = Literal["hdf5", "arrow"]
+__all__ = [
+    "GeneratedDataset",
+    "Policy",
+    "StorageFormat",
+    "collect_episodes",
+    "d4rl_reference_scores",
+    "make_dataset",
+    "write_with_minari",
+]
+
 Policy = Callable[[Any], Any]
 
 # D4RL's reference scores are per environment family; offaug maps Gymnasium ids onto them.
@@ -89,9 +103,9 @@ def _stack(values: list[Any]) -> Any:
 
 def _simulator_state(env: gym.Env[Any, Any]) -> dict[str, npt.NDArray[np.float64]] | None:
     data = getattr(env.unwrapped, "data", None)
-    if data is None or not hasattr(data, "qpos"):
+    if data is None or not all(hasattr(data, key) for key in SIMULATOR_STATE_KEYS):
         return None
-    return {"qpos": np.array(data.qpos), "qvel": np.array(data.qvel)}
+    return {key: np.array(getattr(data, key)) for key in SIMULATOR_STATE_KEYS}
 
 
 def collect_episodes(
@@ -108,8 +122,6 @@ def collect_episodes(
     must be given. Each episode is reset with its own seed (``seed + episode index``), which is
     recorded in the buffer.
     """
-    from minari.data_collector import EpisodeBuffer
-
     if (steps is None) == (episodes is None):
         raise ValueError("give exactly one of steps and episodes")
     buffers: list[Any] = []
@@ -167,8 +179,6 @@ def write_with_minari(
     Returns the dataset directory (``root / dataset_id``); callers stage ``root`` and move the
     result into place.
     """
-    import minari
-
     with _datasets_path(root), warnings.catch_warnings():
         # Minari warns about every unset optional metadata field (author, permalink, ...).
         warnings.simplefilter("ignore", UserWarning)
@@ -221,15 +231,12 @@ def make_dataset(
             "dataset id must look like [namespace/]name-vK (letters, digits, '_', '.', '-')",
             field=f"dataset_id={dataset_id!r}",
         )
-    if data_format not in ("hdf5", "arrow"):
-        raise DataError("must be 'hdf5' or 'arrow'", field=f"format={data_format!r}")
+    storage_backend(data_format)  # refuses an unknown format before any work
     register_envs()
     datasets_root = dataset_root(root)
     target = resolve_dataset_dir(dataset_id, datasets_root)
-    if target.exists():
-        if not overwrite:
-            raise FileExistsError(f"{target}: dataset {dataset_id} exists; pass --overwrite")
-        shutil.rmtree(target)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target}: dataset {dataset_id} exists; pass --overwrite")
     env = gym.make(env_id, max_episode_steps=max_episode_steps, **(env_kwargs or {}))
     if policy != "random":
         raise DataError(
@@ -242,10 +249,10 @@ def make_dataset(
     score_kwargs: dict[str, Any] = {}
     if scores is not None:
         score_kwargs = {"ref_min_score": scores[0], "ref_max_score": scores[1]}
-    # Minari resolves ids under MINARI_DATASETS_PATH; write there through a staging root and move
-    # the result into place so that a failure never leaves a half-written dataset behind.
-    staging_root = datasets_root / f".staging-{dataset_id.replace('/', '__')}-{seed}"
-    shutil.rmtree(staging_root, ignore_errors=True)
+    # Minari resolves ids under MINARI_DATASETS_PATH; write there through a hidden staging root
+    # and move the result into place, so that a failure never leaves a half-written dataset
+    # behind and an overwritten one is replaced only once the new one is complete.
+    staging_root = tmp_name(datasets_root / f"staging-{dataset_id.replace('/', '__')}")
     staging_root.mkdir(parents=True)
     try:
         write_with_minari(
@@ -259,7 +266,7 @@ def make_dataset(
             score_kwargs=score_kwargs,
         )
         target.parent.mkdir(parents=True, exist_ok=True)
-        (staging_root / dataset_id).rename(target)
+        replace_directory(staging_root / dataset_id, target, overwrite=overwrite)
     finally:
         shutil.rmtree(staging_root, ignore_errors=True)
         env.close()  # type: ignore[no-untyped-call]

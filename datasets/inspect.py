@@ -6,15 +6,15 @@ import math
 from typing import Any
 
 import numpy as np
+from minari.serialization import deserialize_space
 
 from offaug.datasets.transitions import Transitions
+from offaug.datasets.weights import effective_sample_size
 
 
 def _space_text(serialised: Any) -> str | None:
     if not isinstance(serialised, str):
         return None
-    from minari.serialization import deserialize_space
-
     return str(deserialize_space(serialised))
 
 
@@ -71,6 +71,6 @@ def summarize(transitions: Transitions) -> dict[str, Any]:
         weights = transitions.importance_weight.astype(np.float64)
         summary["importance_weight"] = {
             **stats(weights),
-            "ess": float(weights.sum() ** 2 / max((weights**2).sum(), 1e-300)),
+            "ess": effective_sample_size(weights),
         }
     return summary

@@ -51,6 +51,7 @@ def to_d3rlpy_arrays(transitions: Transitions) -> dict[str, npt.NDArray[Any]]:
 
 def to_d3rlpy(transitions: Transitions) -> Any:
     """A ``d3rlpy.dataset.MDPDataset`` holding exactly these transitions (needs d3rlpy)."""
+    # d3rlpy is optional (a dev dependency) and imports torch, which the data layer does not.
     from d3rlpy.dataset import MDPDataset
 
     return MDPDataset(**to_d3rlpy_arrays(transitions))

@@ -24,7 +24,6 @@ import itertools
 import json
 import mmap
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import xxhash
 
-from offaug.datasets.atomic import json_default, replace_directory, tmp_name, write_json_atomic
+from offaug.datasets.atomic import atomic_path, json_default, staged_directory, write_json_atomic
 from offaug.datasets.errors import ChecksumError, DataError
-from offaug.datasets.transitions import ALL_FIELDS, REQUIRED_FIELDS, Transitions
+from offaug.datasets.transitions import ALL_FIELDS, REQUIRED_FIELDS, Transitions, concatenate
 
 SCHEMA_VERSION = 1
 """Version of the shard schema; bumped on any change a reader must know about."""
@@ -131,15 +130,10 @@ def write_shard(transitions: Transitions, path: str | Path) -> ShardRef:
     }
     schema = pa.schema(fields, metadata=metadata)
     batch = pa.record_batch(arrays, schema=schema)
-    tmp = tmp_name(final)
-    try:
+    with atomic_path(final) as tmp:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             writer.write_batch(batch)
         checksum = file_checksum(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return ShardRef(
         path=str(final),
         rows=len(transitions),
@@ -352,8 +346,6 @@ class ShardSet:
 
     def load(self, *, verify: bool = True) -> Transitions:
         """All rows as one :class:`Transitions`: zero-copy for a single shard, else one copy."""
-        from offaug.datasets.transitions import concatenate
-
         parts = list(self.iter_shards(verify=verify))
         if not parts:
             raise DataError("shard set holds no shards", path=self.directory)
@@ -419,10 +411,7 @@ def write_shard_set(
     final = Path(directory).absolute()
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final}: shard set exists; pass overwrite=True to replace it")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = tmp_name(final)
-    staging.mkdir()
-    try:
+    with staged_directory(final, overwrite=overwrite) as staging:
         cuts = (
             [0, len(transitions)]
             if rows_per_shard is None
@@ -440,8 +429,4 @@ def write_shard_set(
             meta=dict(transitions.meta),
         )
         shard_set.write_manifest()
-        replace_directory(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return ShardSet.open(final)

@@ -26,13 +26,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import minari
 import xxhash
 
 from offaug.datasets.d4rl_reader import DEFAULT_MAX_EPISODE_STEPS, read_d4rl_hdf5
 from offaug.datasets.errors import DataError, DatasetNotFoundError
-from offaug.datasets.minari_reader import data_dir_of, read_minari_dir
+from offaug.datasets.layout import METADATA_NAME, data_dir_of, read_metadata
+from offaug.datasets.minari_reader import read_minari_dir
 from offaug.datasets.paths import cache_root, dataset_root, resolve_dataset_dir
 from offaug.datasets.shards import MANIFEST_NAME, ShardSet, write_shard_set
+from offaug.datasets.storage import file_identity, storage_backend
 from offaug.datasets.transitions import Transitions
 
 logger = logging.getLogger(__name__)
@@ -95,8 +98,6 @@ def resolve_source(source: str | os.PathLike[str], *, download: bool = False) ->
 
 
 def _download(dataset_id: str) -> None:
-    import minari
-
     target = resolve_dataset_dir(dataset_id)
     existed = target.exists()
     try:
@@ -116,31 +117,22 @@ def _download(dataset_id: str) -> None:
         ) from exc
 
 
-def _stat(path: Path) -> list[Any]:
-    stat = path.stat()
-    return [path.name, stat.st_size, stat.st_mtime_ns]
-
-
 def source_identity(resolved: ResolvedSource) -> list[Any]:
     """What identifies a source's content for the cache, cheaply.
 
-    A D4RL file or Minari HDF5 dataset: size and modification time of its files. A Minari Arrow
-    dataset stores one directory per episode; stat-ing thousands of files would cost more than
-    reading a cached copy, so its identity is ``metadata.json`` (which Minari rewrites on every
-    change it makes: totals and size) plus the listing of episode directories. An episode file
-    edited in place outside Minari's API is therefore not noticed: load with ``cache=False``
-    or run ``offaug cache clear``.
+    A D4RL file: its size and modification time. A Minari dataset: those of ``metadata.json``
+    plus what its storage backend names (:meth:`StorageBackend.identity`): for HDF5 the data
+    file's size and modification time; for Arrow, which stores one directory per episode, the
+    listing of episode directories (``metadata.json`` changes on every change Minari makes), so
+    an episode file edited in place outside Minari's API is not noticed: load with
+    ``cache=False`` or run ``offaug cache clear``.
     """
     path = resolved.path
     if path.is_file():
-        return [_stat(path)]
-    identity: list[Any] = [_stat(path / "metadata.json")]
-    hdf5 = path / "main_data.hdf5"
-    if hdf5.is_file():
-        identity.append(_stat(hdf5))
-    else:
-        identity.append(sorted(os.listdir(path)))
-    return identity
+        return [file_identity(path)]
+    metadata_path = path / METADATA_NAME
+    backend = storage_backend(read_metadata(path).get("data_format", "hdf5"), path=metadata_path)
+    return [file_identity(metadata_path), *backend.identity(path)]
 
 
 def cache_key(resolved: ResolvedSource, options: dict[str, Any]) -> str:

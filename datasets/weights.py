@@ -13,10 +13,17 @@ import numpy.typing as npt
 def effective_sample_size(weights: npt.ArrayLike) -> float:
     """Kish's ESS = (sum w)^2 / sum w^2 (0 for no or all-zero weights)."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
-    squares = float(np.sum(w**2))
-    if w.size == 0 or squares <= 0:
+    if w.size == 0:
         return 0.0
-    return float(np.sum(w) ** 2 / squares)
+    return effective_sample_size_from_sums(float(np.sum(w)), float(np.sum(w**2)))
+
+
+def effective_sample_size_from_sums(total: float, total_squared: float) -> float:
+    """Kish's ESS from running sums: ``total`` = sum w, ``total_squared`` = sum w^2."""
+    if total_squared <= 0:
+        return 0.0
+    # numpy float64: a huge sum overflows to inf (with a warning) instead of raising.
+    return float(np.float64(total) ** 2 / total_squared)
 
 
 def effective_sample_size_from_logs(log_weights: npt.ArrayLike) -> float:

@@ -1,19 +1,47 @@
-"""Dask clusters on SLURM (dask-jobqueue) and Kubernetes (dask-kubernetes' operator).
+"""The Dask cluster a workflow runs on: local, an existing scheduler, SLURM or Kubernetes.
 
-``cluster.kind: slurm`` or ``kubernetes`` in a workflow builds the cluster here; ``cluster.job``
+:func:`connect` gives the client (and the cluster it started, if any). SLURM clusters are built
+with dask-jobqueue, Kubernetes ones with dask-kubernetes' operator; both are optional
+dependencies (the ``cluster`` extra), so they are imported where they are used. ``cluster.job``
 passes keyword arguments through (SLURM: ``queue``, ``account``, ``walltime``, ``memory``,
-``job_extra_directives``, ...; Kubernetes: ``image`` (one with offaug installed), ``namespace``,
-``resources``, ``env``). :func:`slurm_job_script` and :func:`kubernetes_spec` show what would be
-submitted without submitting anything.
+``job_extra_directives``, ...; Kubernetes: ``image`` (one with offaug installed),
+``namespace``, ``resources``, ``env``). :func:`slurm_job_script` and :func:`kubernetes_spec`
+show what would be submitted without submitting anything.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from offaug.pipeline.workflow import ClusterModel
+from distributed import Client, LocalCluster
+
+from offaug.pipeline.workflow import ClusterModel, Workflow
 
 DEFAULT_IMAGE = "ghcr.io/dask/dask:latest"
+
+
+def connect(workflow: Workflow, scheduler: str | None) -> tuple[Client, Any]:
+    """A Dask client and the cluster started for it (``None`` when it joined a scheduler).
+
+    ``scheduler`` or ``cluster.address`` if given, a SLURM or Kubernetes cluster for those
+    kinds, else a LocalCluster of ``cluster.workers`` processes (one per core by default).
+    """
+    config = workflow.cluster
+    address = scheduler or (config.address if config.kind == "address" else None)
+    if address:
+        return Client(address, timeout="30s"), None
+    if config.kind in ("slurm", "kubernetes"):
+        cluster = build_cluster(config)
+        return Client(cluster), cluster
+    local = LocalCluster(
+        n_workers=config.workers or os.cpu_count() or 1,
+        threads_per_worker=config.threads_per_worker,
+        processes=True,
+        memory_limit=config.memory_limit,
+        dashboard_address=":0",
+    )
+    return Client(local), local
 
 
 def _slurm_kwargs(config: ClusterModel) -> dict[str, Any]:

@@ -1,21 +1,24 @@
-"""Build the Dask graph of a workflow's stages and compute it, skipping what is already done.
+"""Wire a workflow's stages into a graph and run it on Dask, skipping what is already done.
 
-The one module that drives Dask. Stages (:mod:`offaug.pipeline.stages`) are submitted with
-``client.submit`` as soon as the stages they depend on have finished and a worker thread is
-free (:class:`_Graph`), so independent stages (rollout tasks, learners, each learner's
-diagnostics) run in parallel and a long stage never waits behind another on a busy worker.
-Stages pass small references (paths, checksums), never arrays.
+:func:`run_workflow` is the whole pipeline: it locks the run directory
+(:class:`~offaug.pipeline.runlock.RunLock`), connects to a cluster
+(:func:`~offaug.pipeline.clusters.connect`), adds every stage of :mod:`offaug.pipeline.stages`
+to a :class:`~offaug.pipeline.scheduler.StageScheduler` with its inputs (:func:`_build`, the
+wiring) and runs them. Independent stages (rollout tasks, learners, each learner's
+diagnostics) run in parallel; stages pass small references (paths, checksums), never arrays.
 
-**Skipping and resuming.** Every stage has a key: a hash of its name, its part of the workflow
-and the keys of its inputs. A finished stage's record (key, result, seconds, worker) is written
-to ``stages.json`` as soon as it finishes. On the next run a stage whose key is unchanged and
-whose outputs still verify (files present, checksums equal) is not submitted at all; changing
-one parameter changes the keys of that stage and of everything downstream, and nothing else.
-``force`` reruns named stages (and so their dependents).
+**Skipping and resuming.** Every stage has a key (:mod:`offaug.pipeline.keys`): a hash of its
+name, its part of the workflow and the keys of its inputs. A finished stage's record (key,
+result, seconds, worker) is written to ``stages.json`` as soon as it finishes. On the next run
+a stage whose key is unchanged and whose outputs still verify (files present, checksums equal)
+is not submitted at all; changing one parameter changes the keys of that stage and of
+everything downstream, and nothing else. ``force`` reruns named stages (and so their
+dependents).
 
 **Resilience.** Tasks are submitted with retries; a worker killed mid-task has its task
 rescheduled by the scheduler. Stage outputs are written atomically under deterministic names,
-so a rerun task replaces, never duplicates.
+so a rerun task replaces, never duplicates. One run at a time holds a run directory: a second
+stops at once naming the first, and a run killed outright leaves a lock the next run takes over.
 
 **Workers.** A worker plugin (:mod:`offaug.pipeline.workers`) pins torch and BLAS to the
 worker's thread count (one per core by default) so parallel tasks do not oversubscribe the
@@ -24,154 +27,28 @@ machine, and imports torch in the background while the first stages run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import hashlib
-import json
-import os
+import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel
+from distributed import Client
 
-from offaug.datasets.atomic import write_json_atomic
-from offaug.datasets.shards import ShardRef, file_checksum
 from offaug.pipeline import stages
-from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
-from offaug.pipeline.rollout import RolloutShard
-from offaug.pipeline.workers import WorkerSetup, run_stage
+from offaug.pipeline.clusters import connect
+from offaug.pipeline.layout import RunLayout
+from offaug.pipeline.rundir import StageRecords, append_log, write_workflow
+from offaug.pipeline.runlock import LockHolder, RunDirectoryLocked, RunLock, describe_takeover
+from offaug.pipeline.scheduler import EventCallback, Ref, RefList, StageFailed, StageScheduler
+from offaug.pipeline.workers import WorkerSetup
 from offaug.pipeline.workflow import Workflow
 
-RESULT_TYPES: dict[str, type[Any]] = {
-    "DatasetRef": DatasetRef,
-    "ModelRef": ModelRef,
-    "AugmentedRef": AugmentedRef,
-    "RolloutShard": RolloutShard,
-    "ShardRef": ShardRef,
-}
+__all__ = ["RunDirectoryLocked", "RunResult", "StageFailed", "run_workflow"]
 
-
-class StageFailed(RuntimeError):
-    """A stage raised; the message names it."""
-
-    def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
-        self.stage = stage
-
-
-def _hash(*parts: Any) -> str:
-    """A stage key: the same for equal configs however their YAML orders mapping keys."""
-    text = json.dumps(parts, sort_keys=True, default=_key_default)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-def _key_default(value: Any) -> Any:
-    # A pydantic model hashes by its JSON dump, never by str(): str() keeps the insertion order
-    # of nested dicts, so the same workflow loaded from a key-sorted YAML got another key and
-    # reran stages that had finished.
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    return str(value)
-
-
-def _to_json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            "__type__": type(value).__name__,
-            **{f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)},
-        }
-    if isinstance(value, (list, tuple)):
-        return [_to_json(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _to_json(v) for k, v in value.items()}
-    return value
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict) and "__type__" in value:
-        kind = RESULT_TYPES.get(value["__type__"])
-        fields = {k: _from_json(v) for k, v in value.items() if k != "__type__"}
-        if kind is None:
-            return fields
-        # JSON has no tuples: restore the dataclass fields that are tuples.
-        for field in dataclasses.fields(kind):
-            if isinstance(fields.get(field.name), list) and "tuple" in str(field.type):
-                fields[field.name] = tuple(fields[field.name])
-        return kind(**fields)
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _from_json(v) for k, v in value.items()}
-    return value
-
-
-def _outputs_verify(result: Any) -> bool:
-    """Whether a recorded result's files are still there and unchanged."""
-    if isinstance(result, ModelRef):
-        return Path(result.path).is_file() and file_checksum(result.path) == result.checksum
-    if isinstance(result, RolloutShard):
-        shard = result.shard
-        return Path(shard.path).is_file() and file_checksum(shard.path) == shard.checksum
-    if isinstance(result, AugmentedRef):
-        manifest = Path(result.directory) / "manifest.json"
-        if not manifest.is_file() or file_checksum(manifest) != result.manifest_checksum:
-            return False
-        from offaug.datasets.shards import ShardSet
-
-        return not ShardSet.open(result.directory).verify()
-    if isinstance(result, DatasetRef):
-        from offaug.datasets.sources import cache_key, resolve_source
-
-        try:
-            resolved = resolve_source(result.source)
-        except Exception:  # a source that vanished is simply stale
-            return False
-        keys = {"info_keys": ["qpos", "qvel"] if result.has_simulator_state else []}
-        return cache_key(resolved, keys) == result.identity
-    if isinstance(result, dict) and result.get("kind") == "files":
-        return all(Path(p).is_file() for p in result["paths"])
-    return True
-
-
-class StageRecords:
-    """``stages.json``: what finished, with which key, result, duration and worker."""
-
-    def __init__(self, layout: RunLayout) -> None:
-        self.path = layout.stages
-        self.records: dict[str, dict[str, Any]] = {}
-        if self.path.is_file():
-            try:
-                self.records = json.loads(self.path.read_text()).get("stages", {})
-            except json.JSONDecodeError:
-                self.records = {}
-
-    def cached(self, name: str, key: str) -> Any | None:
-        record = self.records.get(name)
-        if record is None or record.get("key") != key:
-            return None
-        result = _from_json(record["result"])
-        return result if _outputs_verify(result) else None
-
-    def record(
-        self,
-        name: str,
-        key: str,
-        result: Any,
-        seconds: float,
-        worker: str | None,
-        inputs: Sequence[str],
-    ) -> None:
-        self.records[name] = {
-            "key": key,
-            "inputs": list(inputs),
-            "result": _to_json(result),
-            "seconds": seconds,
-            "worker": worker,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        write_json_atomic(self.path, {"stages": self.records})
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -185,30 +62,8 @@ class RunResult:
     wall_seconds: float
     stage_seconds: dict[str, float]
     dashboard: str | None
-
-
-def connect(workflow: Workflow, scheduler: str | None) -> tuple[Any, Any]:
-    """A Dask client: ``scheduler`` or ``cluster.address`` if given, else a LocalCluster."""
-    from distributed import Client, LocalCluster
-
-    cluster_config = workflow.cluster
-    address = scheduler or (cluster_config.address if cluster_config.kind == "address" else None)
-    if address:
-        return Client(address, timeout="30s"), None
-    if cluster_config.kind in ("slurm", "kubernetes"):
-        from offaug.pipeline.clusters import build_cluster
-
-        cluster = build_cluster(cluster_config)
-        return Client(cluster), cluster
-    workers = cluster_config.workers or os.cpu_count() or 1
-    cluster = LocalCluster(
-        n_workers=workers,
-        threads_per_worker=cluster_config.threads_per_worker,
-        processes=True,
-        memory_limit=cluster_config.memory_limit,
-        dashboard_address=":0",
-    )
-    return Client(cluster), cluster
+    lock_taken_over: LockHolder | None = None
+    """The holder recorded by a killed run whose lock this run took over."""
 
 
 def run_workflow(
@@ -217,8 +72,9 @@ def run_workflow(
     *,
     scheduler: str | None = None,
     force: Iterable[str] = (),
-    on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
-    client: Any = None,
+    on_event: EventCallback | None = None,
+    client: Client | None = None,
+    lock: RunLock | None = None,
 ) -> RunResult:
     """Run ``workflow`` into ``run_dir`` (see the module docstring).
 
@@ -230,28 +86,55 @@ def run_workflow(
         on_event: Called with (stage, event, details); events: planned
             (will run), skipped (up to date), submitted (running or queued), finished.
         client: An existing Dask client (tests); otherwise one is made and closed here.
+        lock: The lock of ``run_dir``, already acquired by the caller, who releases it
+            (``offaug run`` takes it before loading anything heavy); otherwise it is taken
+            and released here.
 
     Raises:
+        RunDirectoryLocked: another live run holds ``run_dir`` (nothing was started).
         StageFailed: naming the stage that failed.
     """
     started = time.perf_counter()
     layout = RunLayout(
         Path(run_dir).absolute(), Path(workflow.shards).absolute() if workflow.shards else None
     )
-    layout.root.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if lock is None:
+            lock = stack.enter_context(RunLock(layout.root))
+        elif lock.path.absolute() != layout.lock:
+            raise ValueError(f"the lock given is {lock.path}, not {layout.lock}")
+        if lock.taken_over is not None:
+            message = describe_takeover(lock.taken_over)
+            log.warning("%s: %s", layout.root, message)
+            append_log(layout, message)
+        append_log(layout, f"run of {workflow.name} ({workflow.digest()}) started")
+        result = _run_locked(workflow, layout, scheduler, tuple(force), on_event, client)
+        append_log(layout, f"run finished: {len(result.executed)} stage(s) run")
+    result.wall_seconds = time.perf_counter() - started
+    result.lock_taken_over = lock.taken_over
+    return result
+
+
+def _run_locked(
+    workflow: Workflow,
+    layout: RunLayout,
+    scheduler: str | None,
+    forced: tuple[str, ...],
+    on_event: EventCallback | None,
+    client: Client | None,
+) -> RunResult:
     layout.logs.mkdir(exist_ok=True)
-    layout.workflow.write_text(yaml.safe_dump(workflow.model_dump(mode="json"), sort_keys=False))
+    write_workflow(layout, workflow)
     records = StageRecords(layout)
-    forced = tuple(force)
     event = on_event or (lambda *_: None)
-    own_client = client is None
     cluster = None
-    if own_client:
+    own_client = client is None
+    if client is None:
         client, cluster = connect(workflow, scheduler)
     threads = workflow.cluster.threads_per_worker
     client.register_plugin(WorkerSetup(threads))
     dashboard = getattr(client, "dashboard_link", None)
-    graph = _Graph(client, records, forced, event, threads)
+    graph = StageScheduler(client, records, forced, event, threads)
     try:
         _check_resources(client, workflow)
         names = _build(graph, workflow, layout, threads)
@@ -262,13 +145,12 @@ def run_workflow(
             client.close()
             if cluster is not None:
                 cluster.close()
-    wall = time.perf_counter() - started
     return RunResult(
-        layout.root, results, graph.skipped, graph.executed, wall, graph.seconds, dashboard
+        layout.root, results, graph.skipped, graph.executed, 0.0, graph.seconds, dashboard
     )
 
 
-def _check_resources(client: Any, workflow: Workflow) -> None:
+def _check_resources(client: Client, workflow: Workflow) -> None:
     wanted = dict(workflow.train.resources)
     if not wanted:
         return
@@ -287,191 +169,7 @@ def _check_resources(client: Any, workflow: Workflow) -> None:
     )
 
 
-@dataclasses.dataclass
-class _Planned:
-    """A stage that will run: what to call, with which arguments, once its inputs are done."""
-
-    function: Callable[..., Any]
-    args: tuple[Any, ...]
-    resources: dict[str, float] | None
-    retries: int
-
-
-class _Graph:
-    """Runs stages on a Dask client, short-circuiting the ones whose records are still valid.
-
-    Dispatch is client-side: a stage is submitted when its inputs have finished and a worker
-    thread is free, in the order the stages were added (long baseline trainings first). Handing
-    Dask the whole graph up front stranded work: a stage whose inputs finished while every
-    worker was busy was assigned at once to one busy worker, and Dask's work stealing, which
-    knows nothing of an hour-long task it has never timed, did not move it when the other
-    worker went idle; on the quickstart one worker sat idle for 40 s of a 93 s run. A stage
-    that asks for a resource (``GPU: 1``) is submitted as soon as it is ready: the scheduler
-    holds it until a worker with that resource is free.
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        records: StageRecords,
-        forced: tuple[str, ...],
-        event: Callable[[str, str, dict[str, Any]], None],
-        threads: int,
-    ) -> None:
-        self.client = client
-        self.threads = threads
-        self.records = records
-        self.forced = forced
-        self.event = event
-        self.keys: dict[str, str] = {}
-        self.values: dict[str, Any] = {}
-        self.planned: dict[str, _Planned] = {}
-        self.running: dict[Any, str] = {}
-        self.inputs: dict[str, list[str]] = {}
-        self.skipped: list[str] = []
-        self.executed: list[str] = []
-        self.seconds: dict[str, float] = {}
-
-    def stage(
-        self,
-        name: str,
-        function: Callable[..., Any],
-        config: Any,
-        inputs: Sequence[str],
-        *args: Any,
-        resources: dict[str, float] | None = None,
-        retries: int = 2,
-    ) -> None:
-        """Add a stage: ``function(*args)`` where args may name other stages via :class:`Ref`.
-
-        The stage is skipped (its recorded result reused) when its key is unchanged, its
-        outputs verify, it is not forced and none of its inputs reruns.
-        """
-        key = _hash(name, _to_json(config), [self.keys[i] for i in inputs])
-        self.keys[name] = key
-        self.inputs[name] = list(inputs)
-        rerun_upstream = any(i in self.planned for i in inputs)
-        forced = any(
-            name == f or name.startswith(f"{f}:") or name.split(":")[0] == f for f in self.forced
-        )
-        if not forced and not rerun_upstream:
-            cached = self.records.cached(name, key)
-            if cached is not None:
-                self.values[name] = cached
-                self.skipped.append(name)
-                self.event(name, "skipped", {"key": key})
-                return
-        self.planned[name] = _Planned(function, args, resources, retries)
-        self.event(name, "planned", {"key": key})
-
-    def _value(self, arg: Any) -> Any:
-        if isinstance(arg, Ref):
-            return self.values[arg.name]
-        if isinstance(arg, RefList):
-            return [self.values[n] for n in arg.names]
-        return arg
-
-    def _submit(self, name: str) -> None:
-        stage = self.planned[name]
-        future = self.client.submit(
-            run_stage,
-            stage.function,
-            self.threads,
-            *[self._value(a) for a in stage.args],
-            key=f"{name}-{self.keys[name]}",
-            retries=stage.retries,
-            resources=stage.resources or None,
-            pure=False,
-        )
-        self.running[future] = name
-        self.event(name, "submitted", {"key": self.keys[name]})
-
-    def _free_threads(self) -> int:
-        """Worker threads with nothing to run, as the scheduler sees them now.
-
-        Asked each time: workers die, restart and join while a run goes on, and on a shared
-        cluster other clients' tasks (or this run's GPU stages) hold threads too. A stage of
-        this run that the scheduler has not placed yet counts as holding one.
-        """
-        threads: dict[str, int] = self.client.nthreads()
-        processing: dict[str, Any] = self.client.processing()
-        free = sum(max(0, n - len(processing.get(w, ()))) for w, n in threads.items())
-        placed = {str(key) for keys in processing.values() for key in keys}
-        unplaced = sum(
-            1
-            for future, name in self.running.items()
-            if not self.planned[name].resources and str(future.key) not in placed
-        )
-        free -= unplaced
-        if not any(not self.planned[n].resources for n in self.running.values()):
-            # Nothing of ours holds a thread: submit one stage even with no worker free (or
-            # none connected); the scheduler holds it until a thread is.
-            free = max(free, 1)
-        return free
-
-    def _dispatch(self, waiting: list[str]) -> None:
-        """Submit the waiting stages whose inputs are done, while worker threads are free."""
-        free: int | None = None
-        for name in list(waiting):
-            if not all(i in self.values for i in self.inputs[name]):
-                continue
-            if self.planned[name].resources:
-                self._submit(name)
-            else:
-                if free is None:
-                    free = self._free_threads()
-                if free <= 0:
-                    continue
-                self._submit(name)
-                free -= 1
-            waiting.remove(name)
-
-    def result(self, name: str) -> Any:
-        """The result of a finished or skipped stage."""
-        return self.values[name]
-
-    def _finish(self, future: Any) -> None:
-        name = self.running.pop(future)
-        try:
-            value, seconds, worker = future.result()
-        except Exception as exc:
-            raise StageFailed(name, exc) from exc
-        self.values[name] = value
-        self.seconds[name] = seconds
-        self.executed.append(name)
-        self.records.record(name, self.keys[name], value, seconds, worker, self.inputs[name])
-        self.event(name, "finished", {"seconds": seconds, "worker": worker})
-
-    def run(self) -> None:
-        """Run every planned stage; raise :class:`StageFailed` on the first that fails."""
-        from distributed import wait
-
-        waiting = list(self.planned)
-        while waiting or self.running:
-            self._dispatch(waiting)
-            if not self.running:
-                stuck = ", ".join(waiting)
-                raise RuntimeError(f"stages {stuck} wait for inputs that never run (a bug)")
-            done = wait(list(self.running), return_when="FIRST_COMPLETED").done
-            for future in done:
-                self._finish(future)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ref:
-    """An argument that is another stage's result."""
-
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class RefList:
-    """An argument that is the list of several stages' results."""
-
-    names: tuple[str, ...]
-
-
-def _build(graph: _Graph, workflow: Workflow, layout: RunLayout, threads: int) -> list[str]:
+def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads: int) -> list[str]:
     """Add every stage of the workflow to the graph; return the stage names in order."""
     seed = workflow.seed
     graph.stage("source", stages.prepare_source, workflow.source, [], workflow.source)

@@ -5,15 +5,17 @@
     RUN_DIR/
       workflow.yaml        the resolved workflow (every default filled in)
       stages.json          one record per finished stage: key, inputs, outputs, seconds, worker
+      run.lock             held by the run in progress (host, pid, start time)
       metrics.json         training scores, weight statistics and diagnostics (documented schema)
       report.html          the self-contained report
       shards/augmented/    the augmented shard set (one shard per rollout task) + manifest
       models/bc/           the BC policy (checkpoint.pt, metrics.jsonl, config.json)
       models/dynamics.pt   the learned-dynamics ensemble (model backend only)
       models/<algo>-<data>/  one training run per learner and data: original / augmented
-      logs/                stage logs
+      logs/run.log         when runs started and finished, and locks taken over
 
 Records are frozen dataclasses of paths, sizes and hashes, never arrays.
+:mod:`offaug.pipeline.rundir` reads and writes what these paths hold.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class RunLayout:
     @property
     def stages(self) -> Path:
         return self.root / "stages.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "run.lock"
 
     @property
     def metrics(self) -> Path:

@@ -3,17 +3,30 @@
 No stage imports Dask: :mod:`offaug.pipeline.graph` wires them into a graph, and a test calls
 any of them directly. Every stage writes its outputs atomically, so a stage that is killed and
 run again leaves no partial file and no duplicate.
+
+Every Dask worker imports this module to unpickle its first stage, before the background
+import of torch (:mod:`offaug.pipeline.workers`) is done; so the modules that import torch
+are imported inside the stages that use them, and this module's header holds none.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from offaug.datasets.atomic import replace_directory, write_json_atomic
+from offaug.datasets.errors import DataError, DatasetNotFoundError
+from offaug.datasets.generate import make_dataset
+from offaug.datasets.publish import publish_dataset
+from offaug.datasets.shards import ShardSet, file_checksum
+from offaug.datasets.sources import cache_key, load_transitions, resolve_source
+from offaug.datasets.transitions import SIMULATOR_STATE_KEYS, SPACE_META_KEYS
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.rollout import (
     RolloutConfig,
@@ -32,21 +45,15 @@ from offaug.pipeline.workflow import (
     Workflow,
 )
 
-_STATE_KEYS = ["qpos", "qvel"]
+_STATE_KEYS = list(SIMULATOR_STATE_KEYS)
 
 
 def _meta_subset(meta: Any) -> dict[str, Any]:
-    from offaug.datasets.transitions import SPACE_META_KEYS
-
     return {k: meta.get(k) for k in (*SPACE_META_KEYS, "format")}
 
 
 def prepare_source(config: SourceConfig) -> DatasetRef:
     """Make the source dataset if it is missing and asked to, load it once (warming the cache)."""
-    from offaug.datasets.errors import DataError, DatasetNotFoundError
-    from offaug.datasets.generate import make_dataset
-    from offaug.datasets.sources import cache_key, load_transitions, resolve_source
-
     try:
         resolved = resolve_source(config.dataset, download=config.download)
     except DatasetNotFoundError:
@@ -87,11 +94,6 @@ def _train_into(out: str, run: Any) -> Path:
     and the rerun's task): each execution writes its own directory and the last one to finish
     replaces ``out`` whole, so files of two executions never mix.
     """
-    import shutil
-    import uuid
-
-    from offaug.datasets.atomic import replace_directory
-
     final = Path(out)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
@@ -105,8 +107,6 @@ def _train_into(out: str, run: Any) -> Path:
 
 
 def _model_ref(name: str, checkpoint: Path, metrics: dict[str, Any]) -> ModelRef:
-    from offaug.datasets.shards import file_checksum
-
     return ModelRef(
         name=name, path=str(checkpoint), checksum=file_checksum(checkpoint), metrics=metrics
     )
@@ -125,7 +125,7 @@ def _last_metrics(run_dir: Path) -> dict[str, Any]:
 
 def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> ModelRef:
     """Behaviour cloning (Gaussian): the rollout policy and the behaviour model."""
-    from offaug.algorithms.train import TrainOptions, train
+    from offaug.algorithms.train import TrainOptions, train  # imports torch: see the top
 
     options = TrainOptions(
         steps=config.steps,
@@ -251,8 +251,6 @@ def _with_seed(model: Any, seed: int) -> Any:
 
 def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) -> AugmentedRef:
     """Write the augmented shard set's manifest over the finished tasks."""
-    from offaug.datasets.shards import file_checksum
-
     shard_set = merge_rollout_shards(
         out,
         results,
@@ -286,7 +284,7 @@ def train_offline(
     threads: int | None = None,
 ) -> ModelRef:
     """Train one learner on the original data, or on original + augmented data."""
-    from offaug.algorithms.train import TrainOptions, train
+    from offaug.algorithms.train import TrainOptions, train  # imports torch: see the top
 
     sources: list[Any] = [data.source]
     mixing = None
@@ -309,7 +307,7 @@ def train_offline(
         threads=threads,
         compile=train_config.compile,
     )
-    config = dict(train_config.configs.get(algorithm, {}))  # type: ignore[call-overload]
+    config = dict(train_config.configs.get(algorithm, {}))
     final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
     name = f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
     return _model_ref(name, final / "checkpoint.pt", _last_metrics(final))
@@ -324,6 +322,7 @@ def diagnose_policy_stage(
     index: int,
 ) -> dict[str, Any]:
     """One trained policy's diagnostics (:func:`offaug.pipeline.diagnostics.diagnose_policy`)."""
+    # The diagnostics evaluate torch policies and use scipy: imported where they run.
     from offaug.pipeline.diagnostics import diagnose_policy
 
     return diagnose_policy(data, bc, model, config, seed, index)
@@ -340,6 +339,7 @@ def diagnose_stage(
     parts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Distribution-shift diagnostics (see :mod:`offaug.pipeline.diagnostics`), as a dict."""
+    # The diagnostics evaluate torch policies and use scipy: imported where they run.
     from offaug.pipeline.diagnostics import run_diagnostics
 
     return run_diagnostics(data, augmented, bc, models, config, out, seed, parts=parts)
@@ -349,10 +349,6 @@ def publish_stage(
     data: DatasetRef, augmented: AugmentedRef | None, config: Any, provenance: dict[str, Any]
 ) -> dict[str, Any]:
     """Publish original and/or augmented data as a Minari dataset."""
-    from offaug.datasets.publish import publish_dataset
-    from offaug.datasets.shards import ShardSet
-    from offaug.datasets.sources import load_transitions
-
     parts: list[Any] = []
     if config.include in ("original", "both"):
         parts.append(load_transitions(data.source))
@@ -420,8 +416,6 @@ def report_stage(
     report_path: str,
 ) -> dict[str, Any]:
     """Write ``metrics.json`` (see :func:`summarise`) and ``report.html`` from every result."""
-    from offaug.datasets.atomic import write_json_atomic
-
     metrics = summarise(workflow, dict(zip(names, results, strict=True)))
     write_json_atomic(Path(metrics_path), metrics)
     paths = [metrics_path]

@@ -7,13 +7,25 @@ values. ``offaug validate WORKFLOW`` runs this without running anything.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from offaug.pipeline.noise import NoiseSpecError, parse_noise
 
@@ -123,8 +135,9 @@ class TrainModel(_Strict):
     )
     weighting: bool = Field(True, description="Weight augmented rows by their importance weights.")
     baseline: bool = Field(True, description="Also train on the original data alone.")
-    configs: dict[Algorithm, dict[str, Any]] = Field(
-        default_factory=dict, description="Config overrides per learner (its documented fields)."
+    configs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Config overrides per learner: fields of its config class, checked here.",
     )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Dask resources a training task needs, e.g. {GPU: 1}."
@@ -140,12 +153,76 @@ class TrainModel(_Strict):
         ),
     )
 
+    @field_validator("configs")
+    @classmethod
+    def _configs_fit_their_learners(
+        cls, value: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        learners = typing.get_args(Algorithm)
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for algorithm, config in value.items():
+            if algorithm not in learners:
+                allowed = ", ".join(learners)
+                problems.append(((algorithm,), f"unknown learner; allowed here: {allowed}"))
+                continue
+            problems.extend(
+                ((algorithm, *where), message)
+                for where, message in learner_config_problems(algorithm, config)
+            )
+        if problems:
+            # load_workflow turns each problem into its own line, with the field's line number.
+            summary = "; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems)
+            raise PydanticCustomError(
+                LEARNER_CONFIG_ERROR, "{summary}", {"summary": summary, "problems": problems}
+            )
+        return value
+
     @field_validator("mixing")
     @classmethod
     def _mixing_valid(cls, value: tuple[float, float]) -> tuple[float, float]:
         if min(value) < 0 or sum(value) <= 0:
             raise ValueError("mixing needs two non-negative shares, not both zero")
         return value
+
+
+LEARNER_CONFIG_ERROR = "learner_config"
+"""The pydantic error type of :meth:`TrainModel._configs_fit_their_learners`."""
+
+
+def learner_config_problems(
+    algorithm: str, config: Mapping[str, Any]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """What is wrong with ``config`` as overrides of learner ``algorithm``'s config dataclass.
+
+    Each problem is (the field's path inside ``config``, message): an unknown field name (with
+    the allowed ones), or a value of the wrong type (checked strictly, as the learner will use
+    it: a YAML list stands for a tuple, an int for a float, nothing else is converted).
+    """
+    # Imported here, not at the top: the learners' modules import torch, and every Dask worker
+    # unpickles this module's models before its first stage (offaug.pipeline.workers).
+    from offaug.algorithms.registry import config_type
+
+    kind = config_type(algorithm)
+    fields = {f.name for f in dataclasses.fields(kind)}
+    hints = typing.get_type_hints(kind)
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for name, item in config.items():
+        if name not in fields:
+            allowed = ", ".join(sorted(fields))
+            problems.append(((name,), f"unknown {kind.__name__} field; allowed here: {allowed}"))
+            continue
+        try:
+            TypeAdapter(hints[name]).validate_python(_lists_as_tuples(item), strict=True)
+        except ValidationError as exc:
+            for error in exc.errors():
+                problems.append(((name, *error["loc"]), error["msg"]))
+    return problems
+
+
+def _lists_as_tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_lists_as_tuples(v) for v in value)
+    return value
 
 
 class EvaluationModel(_Strict):
@@ -323,18 +400,27 @@ def load_workflow(path: str | Path) -> Workflow:
         return Workflow.model_validate(data)
     except ValidationError as exc:
         lines = []
-        for error in exc.errors():
-            loc = tuple(error["loc"])
+        for loc, message in _problems(exc):
             field = ".".join(str(p) for p in loc) or "(top level)"
             line = _line_of(node, loc)
             where = f"{file}:{line}" if line else str(file)
-            message = error["msg"]
-            if error["type"] == "extra_forbidden":
-                parent = loc[:-1]
-                allowed = _allowed_fields(parent)
-                message = f"unknown key; allowed here: {', '.join(allowed)}"
             lines.append(f"{where}: {field}: {message}")
         raise WorkflowError("\n".join(lines)) from exc
+
+
+def _problems(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
+    """Each validation error as (its path in the document, a message naming what is allowed)."""
+    problems: list[tuple[tuple[Any, ...], str]] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        message = error["msg"]
+        if error["type"] == LEARNER_CONFIG_ERROR:
+            problems.extend((loc + where, text) for where, text in error["ctx"]["problems"])
+            continue
+        if error["type"] == "extra_forbidden":
+            message = f"unknown key; allowed here: {', '.join(_allowed_fields(loc[:-1]))}"
+        problems.append((loc, message))
+    return problems
 
 
 def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:

@@ -114,3 +114,48 @@ def test_console_script_runs(minari_root: Path) -> None:
     assert result.returncode == 0
     for command in ("make-dataset", "inspect", "shard", "verify"):
         assert command in result.stdout
+
+
+def test_validate_names_a_typo_in_a_learner_config(tmp_path: Path) -> None:
+    workflow = tmp_path / "typo.yaml"
+    workflow.write_text(
+        "name: x\nsource: {dataset: a/b-v0}\ntrain:\n  configs:\n"
+        "    cql: {hiden: [64, 64], learning_rat: 3}\n"
+    )
+    result = runner.invoke(app, ["validate", str(workflow)])
+    assert result.exit_code == 2
+    assert f"{workflow}:5: train.configs.cql.hiden: unknown CQLConfig field" in result.output
+    assert "train.configs.cql.learning_rat" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_publish_and_verify_a_run_directory(make_test_dataset, tmp_path: Path) -> None:
+    """A run directory stands for its source dataset and augmented shard set, read from its
+    stage records."""
+    from offaug.datasets import load_transitions, write_shard_set
+    from offaug.pipeline.layout import AugmentedRef, DatasetRef, RunLayout
+    from offaug.pipeline.rundir import StageRecords
+
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset)
+    run_dir = tmp_path / "run"
+    shards = write_shard_set(data.slice(0, 60), run_dir / "shards" / "augmented")
+    records = StageRecords(RunLayout(run_dir))
+    source = DatasetRef(dataset, len(data), data.num_episodes, "", False, {})
+    records.record("source", "k", source, 0.0, None, [])
+    augmented = AugmentedRef(str(shards.directory), shards.rows, shards.episodes, 1, "", {}, 0)
+    records.record("rollout", "k", augmented, 0.0, None, ["source"])
+
+    verified = runner.invoke(app, ["verify", str(run_dir)])
+    assert verified.exit_code == 0, verified.output
+    assert f"{shards.rows} rows: all checksums match" in verified.output
+
+    args = ["publish", str(run_dir), "--dataset-id", "cli/from-run-v0"]
+    published = runner.invoke(app, [*args, "--include", "both"])
+    assert published.exit_code == 0, published.output
+    assert f"{data.num_episodes + shards.episodes} episodes" in published.output
+    only = runner.invoke(app, [*args, "--include", "original", "--overwrite"])
+    assert only.exit_code == 0, only.output
+    assert f"{data.num_episodes} episodes" in only.output
+    bad = runner.invoke(app, [*args, "--include", "neither", "--overwrite"])
+    assert bad.exit_code == 2

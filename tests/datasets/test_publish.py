@@ -21,7 +21,7 @@ import pytest
 from minari.data_collector import EpisodeBuffer
 from minari.serialization import serialize_space
 
-import offaug.datasets.publish as publish_module
+import offaug.datasets.storage.hdf5 as hdf5_storage
 from offaug.datasets import DataError, Source, Transitions, load_transitions, write_shard_set
 from offaug.datasets.publish import (
     CARD_NAME,
@@ -136,7 +136,7 @@ def test_hdf5_built_in_memory_or_on_disk_is_the_same_dataset(
     made = make_test_dataset("hopper", "hdf5")
     original = load_transitions(made.path, cache=False, info_keys=["qpos", "qvel"])
     in_memory = publish_dataset([original], fresh_id, data_format="hdf5")
-    monkeypatch.setattr(publish_module, "_HDF5_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(hdf5_storage, "IN_MEMORY_BYTES", 0)
     on_disk = publish_dataset([original], f"{fresh_id[:-3]}-disk-v0", data_format="hdf5")
     mine, theirs = (p.data_dir / "main_data.hdf5" for p in (in_memory, on_disk))
     assert _hdf5_layout(mine) == _hdf5_layout(theirs)

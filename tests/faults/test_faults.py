@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -107,11 +108,19 @@ def test_killing_offaug_run_mid_stage_then_rerunning_resumes(
     finished_before = set(json.loads(stages_file.read_text())["stages"])
     assert "bc" in finished_before and "rollout" not in finished_before
     _final_files_are_whole(run_dir)
+    # The killed run could not release its lock: the file still names it.
+    assert json.loads((run_dir / "run.lock").read_text())["pid"] == process.pid
 
     resumed = run_workflow(workflow, run_dir, scheduler=cluster.address)
     assert finished_before <= set(resumed.skipped)
     shard_set = ShardSet.open(run_dir / "shards" / "augmented")
     assert shard_set.episodes == 40 and not shard_set.verify()
+    # ... and the next run took the lock over, said so in the run's log, and released it.
+    assert resumed.lock_taken_over is not None and resumed.lock_taken_over.pid == process.pid
+    log = (run_dir / "logs" / "run.log").read_text()
+    assert f"took over the lock of a run that was killed (host {socket.gethostname()}" in log
+    assert f"pid {process.pid} is not running" in log
+    assert not (run_dir / "run.lock").exists()
 
 
 def test_killing_a_worker_during_training_still_completes(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -227,6 +228,44 @@ def test_a_killed_worker_does_not_lose_or_duplicate_shards(
         started.close()
 
 
+def test_a_second_run_on_a_held_directory_stops_at_once(
+    cluster: Cluster, tmp_path: Path, minari_root: Path
+) -> None:
+    """Two real ``offaug run`` on one ``--out``: the second stops within seconds, naming the
+    first's host, pid and start time, while the first runs on and succeeds.
+    """
+    workflow_file = tmp_path / "wf.yaml"
+    workflow_file.write_text(yaml.safe_dump(_workflow(tmp_path).model_dump(mode="json")))
+    run_dir = tmp_path / "run"
+    command = [str(BIN / "offaug"), "run", str(workflow_file), "--out", str(run_dir)]
+    command += ["--scheduler", cluster.address]
+    env = {**os.environ, "MINARI_DATASETS_PATH": str(minari_root)}
+    first_log = tmp_path / "first.log"
+    with first_log.open("w") as log:
+        first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    lock = run_dir / "run.lock"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+        lock.is_file() and f'"pid": {first.pid}' in lock.read_text()
+    ):
+        time.sleep(0.05)
+    assert first.poll() is None, "the first run holds the lock"
+    started = time.perf_counter()
+    second = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    assert first.poll() is None, f"the second run waited for the first ({elapsed:.1f} s)"
+    assert second.returncode == 3, second.stderr
+    message = " ".join(second.stderr.split())
+    holder = json.loads(lock.read_text())
+    assert f"host {socket.gethostname()}, pid {first.pid}, started {holder['started']}" in message
+    assert "in use by another offaug run" in message and "another --out" in message
+
+    assert first.wait(timeout=600) == 0, first_log.read_text()
+    assert not lock.exists()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
+
+
 def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Path) -> None:
     from offaug.pipeline.graph import StageFailed
 
@@ -252,12 +291,56 @@ def test_workflow_files_validate(tmp_path: Path) -> None:
     assert "rollout.episodes" in message and "rollout.nosie" in message and "bad.yaml:" in message
 
 
+def test_learner_configs_are_checked_against_their_config_classes(tmp_path: Path) -> None:
+    """A typo in a learner's config fails validation, naming file, line and field, before BC
+    and the rollouts have run; so do wrong types, unknown learners and typos under ``bc``.
+    """
+    from offaug.pipeline.workflow import WorkflowError, load_workflow
+
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        "name: x\n"
+        "source: {dataset: a/b-v0}\n"
+        "train:\n"
+        "  configs:\n"
+        "    cql: {hiden: [64, 64], learning_rat: 3}\n"
+        "    bcq:\n"
+        "      batch_size: 2.5\n"
+        "      actor_hidden: [64, many]\n"
+        "    qlearn: {}\n"
+        "bc:\n"
+        "  hiden: [3]\n"
+    )
+    with pytest.raises(WorkflowError) as info:
+        load_workflow(path)
+    lines = str(info.value).splitlines()
+
+    def line_of(field: str) -> str:
+        return next(line for line in lines if f": {field}: " in line)
+
+    hiden = line_of("train.configs.cql.hiden")
+    assert hiden.startswith(f"{path}:5: ") and "allowed here:" in hiden
+    assert "critic_learning_rate" in hiden and "hidden" in hiden
+    assert line_of("train.configs.cql.learning_rat").startswith(f"{path}:5: ")
+    assert line_of("train.configs.bcq.batch_size").startswith(f"{path}:7: ")
+    assert line_of("train.configs.bcq.actor_hidden.1").startswith(f"{path}:8: ")
+    assert "cql, bcq" in line_of("train.configs.qlearn")
+    assert line_of("bc.hiden").startswith(f"{path}:11: ")
+    assert len(lines) == 6
+
+    # The same check for a workflow built in Python, and valid configs pass untouched.
+    with pytest.raises(ValueError, match=r"cql\.hiden"):
+        _workflow(tmp_path, train={"configs": {"cql": {"hiden": [64, 64]}}})
+    good = _workflow(tmp_path, train={"configs": {"cql": {"hidden": [64, 64], "gamma": 1}}})
+    assert good.train.configs["cql"] == {"hidden": [64, 64], "gamma": 1}
+
+
 def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None:
     """A workflow written out by ``yaml.safe_dump`` (keys sorted) and read back keeps its stage
     keys, so ``offaug run`` on that file resumes a run started in-process; a changed value
     changes the key.
     """
-    from offaug.pipeline.graph import _hash
+    from offaug.pipeline.keys import stage_key
 
     workflow = _workflow(
         tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 32}}}
@@ -269,7 +352,7 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     changed = _workflow(tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 33}}})
 
     def key(w: Workflow) -> str:
-        return _hash("train:bc-original", {"train": w.train, "evaluation": w.evaluation}, [])
+        return stage_key("train:bc-original", {"train": w.train, "evaluation": w.evaluation}, [])
 
     assert key(reloaded) == key(workflow)
     assert key(changed) != key(workflow)
@@ -280,13 +363,14 @@ def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_pa
     worker, the second waits for a free worker and runs on the one that frees up, not queued
     behind the first (the stranding that left a worker idle for 40 s of the quickstart).
     """
-    from offaug.pipeline.graph import StageRecords, _Graph
     from offaug.pipeline.layout import RunLayout
+    from offaug.pipeline.rundir import StageRecords
+    from offaug.pipeline.scheduler import StageScheduler
 
     layout = RunLayout(tmp_path / "run")
     layout.root.mkdir(parents=True)
     events: list[tuple[str, str]] = []
-    graph = _Graph(
+    graph = StageScheduler(
         cluster.client,
         StageRecords(layout),
         (),
@@ -327,8 +411,9 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
     """
     from distributed import Client
 
-    from offaug.pipeline.graph import StageRecords, _Graph
     from offaug.pipeline.layout import RunLayout
+    from offaug.pipeline.rundir import StageRecords
+    from offaug.pipeline.scheduler import StageScheduler
 
     layout = RunLayout(tmp_path / "run")
     layout.root.mkdir(parents=True)
@@ -338,7 +423,7 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
         while not any(other.processing().values()) and time.time() < deadline:
             time.sleep(0.05)
         occupied = next(w for w, keys in other.processing().items() if keys)
-        graph = _Graph(cluster.client, StageRecords(layout), (), lambda *_: None, 1)
+        graph = StageScheduler(cluster.client, StageRecords(layout), (), lambda *_: None, 1)
         graph.stage("a", time.sleep, {"seconds": 0.3}, [], 0.3)
         graph.stage("b", time.sleep, {"seconds": 0.3}, [], 0.3)
         started = time.perf_counter()

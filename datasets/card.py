@@ -1,119 +1,30 @@
-"""The metadata and the dataset card of a published dataset (:mod:`offaug.datasets.publish`).
+"""The dataset card (``README.md``) of a published dataset.
 
-:func:`minari_metadata` gives ``data/metadata.json``: the keys Minari's
-``create_dataset_from_buffers`` writes, in its order, plus offaug's provenance under
-:data:`METADATA_KEY`. :func:`render_card` gives the dataset card (``README.md``): what the data
-is, where it came from, its columns and weights, and how to load it.
+:func:`render_card` says what the data is, where it came from, its parts, importance weights
+and step infos, and how to load it. It reads the metadata :mod:`offaug.datasets.layout`
+describes and the counts :mod:`offaug.datasets.parts` keeps.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
+from offaug.datasets.atomic import json_default
+from offaug.datasets.layout import CHECKSUMS_NAME, INFO_ALIGNMENT, InfoColumn, Spaces
+from offaug.datasets.parts import PartInfo, PartStats
 from offaug.datasets.shards import CHECKSUM_ALGORITHM
 from offaug.datasets.transitions import Source
-
-if TYPE_CHECKING:
-    from offaug.datasets.publish import (
-        PublishFormat,
-        _InfoColumn,
-        _PartInfo,
-        _PartStats,
-        _Spaces,
-    )
-
-CARD_NAME = "README.md"
-CHECKSUMS_NAME = "checksums.json"
-METADATA_KEY = "offaug"
-"""The key of ``metadata.json`` that holds offaug's provenance and info-column description."""
-INFO_ALIGNMENT = (
-    "infos row t holds the value of the transition that starts at observation t; the last row "
-    "of every episode (its final observation) is padding"
-)
-
-
-def json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
-
-
-def _as_list(value: str | Sequence[str] | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [value] if isinstance(value, str) else list(value)
-
-
-def minari_metadata(
-    *,
-    dataset_id: str,
-    data_format: PublishFormat,
-    episodes: int,
-    steps: int,
-    spaces_text: tuple[str, str],
-    jpeg_encoding: bool,
-    env_spec: str | None,
-    eval_env_spec: str | None,
-    author: str | Sequence[str] | None,
-    author_email: str | Sequence[str] | None,
-    code_permalink: str | None,
-    algorithm_name: str | None,
-    description: str | None,
-    ref_scores: tuple[float, float] | None,
-    requirements: Sequence[str] | None,
-    offaug: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Minari's metadata keys, in the order ``create_dataset_from_buffers`` writes them."""
-    metadata: dict[str, Any] = {
-        "total_episodes": episodes,
-        "total_steps": steps,
-        "data_format": data_format,
-        "jpeg_encoding": jpeg_encoding,
-        "observation_space": spaces_text[0],
-        "action_space": spaces_text[1],
-    }
-    if env_spec is not None:
-        metadata["env_spec"] = env_spec
-    metadata["dataset_id"] = dataset_id
-    optional = {
-        "code_permalink": code_permalink,
-        "author": _as_list(author),
-        "author_email": _as_list(author_email),
-        "algorithm_name": algorithm_name,
-        "description": description,
-    }
-    metadata.update({k: v for k, v in optional.items() if v is not None})
-    metadata["minari_version"] = importlib.metadata.version("minari")
-    if eval_env_spec is not None:
-        metadata["eval_env_spec"] = eval_env_spec
-    if ref_scores is not None:
-        metadata["ref_max_score"] = ref_scores[1]
-        metadata["ref_min_score"] = ref_scores[0]
-    if requirements is not None:
-        metadata["requirements"] = list(requirements)
-    metadata[METADATA_KEY] = dict(offaug)
-    return metadata
 
 
 def render_card(
     *,
     dataset_id: str,
     metadata: Mapping[str, Any],
-    spaces: _Spaces,
-    parts: Sequence[tuple[_PartInfo, _PartStats]],
-    columns: Sequence[_InfoColumn],
+    spaces: Spaces,
+    parts: Sequence[tuple[PartInfo, PartStats]],
+    columns: Sequence[InfoColumn],
     weights: Mapping[str, Any] | None,
     provenance: Mapping[str, Any],
     card: str | None,

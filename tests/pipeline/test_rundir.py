@@ -1,0 +1,30 @@
+"""The run directory's reader: stage records decode to their types, or name what is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from offaug.datasets import DataError
+from offaug.pipeline.layout import DatasetRef, ModelRef, RunLayout
+from offaug.pipeline.rundir import StageRecords, read_stage_records
+
+
+def test_stage_records_decode_to_their_types(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    source = DatasetRef("a/b-v0", 10, 2, "id", True, {"format": "hdf5"})
+    model = ModelRef("bc", str(tmp_path / "bc.pt"), "x", {"train": {}})
+    records = StageRecords(layout)
+    records.record("source", "k1", source, 1.0, None, [])
+    records.record("train:bc-original", "k2", model, 2.0, "tcp://w", ["source"])
+    read = read_stage_records(tmp_path)
+    assert read.result("source", DatasetRef) == source
+    assert read.results("train:", ModelRef) == [model]
+    assert "source" in read and "rollout" not in read
+    with pytest.raises(DataError, match="no finished 'rollout' stage"):
+        read.result("rollout", ModelRef)
+    with pytest.raises(DataError, match="not a ModelRef"):
+        read.result("source", ModelRef)
+    with pytest.raises(FileNotFoundError, match=r"stages\.json"):
+        read_stage_records(tmp_path / "elsewhere")
