@@ -16,8 +16,8 @@ frame shows exactly the recorded state (no physics is run, nothing can drift). A
 simulator rollouts record no simulator state; one branched from a dataset state
 (``rollout.start: dataset``) starts at the dataset row whose observation equals its first one.
 That state is set and the episode's recorded actions are replayed; the largest difference
-between replayed and recorded observations is kept beside the clip (0: an exact replay).
-Episodes started from env resets, and model rollouts, have no state to show.
+between replayed and recorded observations is kept beside the clip (float32 rounding for
+an exact replay). Episodes started from env resets, and model rollouts, have no state to show.
 """
 
 from __future__ import annotations

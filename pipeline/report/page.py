@@ -41,9 +41,9 @@ figcaption { font-size: 0.85rem; color: #444; }
 p.note { font-size: 0.85rem; color: #444; }
 h3 { font-size: 1rem; margin: 1rem 0 0.3rem; }
 .clips { display: flex; flex-wrap: wrap; gap: 1rem; }
-.clips figure { margin: 0; }
+.clips figure { margin: 0; max-width: 22rem; }
 .clips img { image-rendering: pixelated; }
-table.doctor td { text-align: left; vertical-align: top; }
+table.doctor td, table.doctor th { text-align: left; vertical-align: top; }
 tr.warning td:first-child { color: #b06000; font-weight: 600; }
 tr.error td:first-child { color: #b3261e; font-weight: 600; }
 """

@@ -58,7 +58,8 @@ class VideoClip(TypedDict, total=False):
     start_row: int
     """Augmented data: the dataset row the episode branched from."""
     replay_error: float
-    """Data: largest |replayed - recorded observation| (0 for states set as recorded)."""
+    """Data: largest |replayed - recorded observation| (0 for states set as recorded; float32
+    rounding for an exact replay)."""
 
 
 class VideoSet(TypedDict, total=False):
