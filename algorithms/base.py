@@ -9,23 +9,32 @@ only when it logs.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
 import random
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 import torch
+from minari.serialization import deserialize_space
 from torch import nn
 
-from offaug.datasets.sampler import TorchBatch
+# to_tensor and index_tensor live in batch.py beside TorchBatch; re-exported so that
+# ``from offaug.algorithms.base import to_tensor`` keeps working.
+from offaug.algorithms.batch import TorchBatch
+from offaug.algorithms.batch import index_tensor as index_tensor
+from offaug.algorithms.batch import to_tensor as to_tensor
+from offaug.datasets.atomic import atomic_path
 
 CHECKPOINT_FORMAT = 1
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +129,19 @@ def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     torch._foreach_lerp_(target_params, source_params, tau)
 
 
+@torch.no_grad()
+def hard_update(target: nn.Module, source: nn.Module) -> None:
+    """Copy ``source``'s parameters into ``target`` in one fused call (DQN-style targets)."""
+    target_params: list[torch.Tensor] = list(target.parameters())
+    source_params: list[torch.Tensor] = list(source.parameters())
+    torch._foreach_copy_(target_params, source_params)
+
+
+def frozen_copy(module: ModuleT) -> ModuleT:
+    """A deep copy of ``module`` that takes no gradient: a target network."""
+    return copy.deepcopy(module).requires_grad_(False)
+
+
 def adam(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
     """Adam with the fused kernel (one kernel for all parameters) where the device has it."""
     params = list(params)
@@ -133,8 +155,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, A
     ``Optimizer.load_state_dict`` keeps the moment tensors it is given: loading another live
     trainer's state would make both advance the same Adam moments.
     """
-    import copy
-
     optimizer.load_state_dict(copy.deepcopy(dict(state)))
 
 
@@ -178,13 +198,8 @@ def save_checkpoint(
         "extra": json.dumps(dict(extra or {})),
         "state": dict(state),
     }
-    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
+    with atomic_path(final) as tmp:
         torch.save(payload, tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return final
 
 
@@ -231,25 +246,10 @@ def load_checkpoint(
     )
 
 
-def to_tensor(array: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
-    """A numpy array of observations as a float32 tensor on ``device`` (for ``act``)."""
-    # A copy: observations may be a read-only memory map, which torch must not wrap.
-    return torch.tensor(np.asarray(array, dtype=np.float32), device=device)
-
-
-def index_tensor(indices: npt.NDArray[Any], device: torch.device) -> torch.Tensor:
-    """Discrete action indices as an int64 tensor on ``device`` (a copy, like :func:`to_tensor`)."""
-    return torch.tensor(np.asarray(indices, dtype=np.int64), device=device)
-
-
 def spaces_from_transitions(meta: Mapping[str, Any], observation_dim: int, actions: Any) -> Spaces:
     """Derive :class:`Spaces` from a dataset's ``meta`` (serialised spaces) and its actions."""
-    import gymnasium as gym
-
     serialised = meta.get("action_space")
     if isinstance(serialised, str):
-        from minari.serialization import deserialize_space
-
         space = deserialize_space(serialised)
         if isinstance(space, gym.spaces.Discrete):
             return Spaces(observation_dim, int(space.n), discrete=True)

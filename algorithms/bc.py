@@ -25,14 +25,12 @@ from offaug.algorithms.base import (
     Spaces,
     adam,
     choose_device,
-    index_tensor,
     load_optimizer_state,
-    to_tensor,
     weighted_mean,
 )
+from offaug.algorithms.batch import TorchBatch, index_tensor, to_tensor
 from offaug.algorithms.distributions import ActionNormaliser
 from offaug.algorithms.networks import MLP, DeterministicActor, TruncatedGaussianActor
-from offaug.datasets.sampler import TorchBatch
 
 
 @dataclasses.dataclass(frozen=True)

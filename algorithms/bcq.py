@@ -1,30 +1,27 @@
-"""Batch-Constrained deep Q-learning (BCQ), continuous and discrete.
+"""Batch-Constrained deep Q-learning (BCQ) for continuous actions.
 
-* Continuous: Fujimoto, Meger, Precup 2019, "Off-Policy Deep Reinforcement Learning without
-  Exploration" (ICML; arXiv:1812.02900), Algorithm 1. A conditional VAE G(a|s) models the
-  dataset's actions; a perturbation network xi(s, a) moves a decoded action by at most
-  ``action_flexibility`` (Phi); twin critics are trained towards a soft clipped double-Q target
-  taken over ``n_action_samples`` perturbed candidates of the next state, and the policy picks
-  the best of as many candidates by Q_1.
-* Discrete: Fujimoto, Conti, Ghavamzadeh, Pineau 2019, "Benchmarking Batch Deep Reinforcement
-  Learning Algorithms" (arXiv:1910.01708), section 4. An imitation network G(a|s) allows only
-  actions whose probability relative to the most likely one exceeds ``action_flexibility``;
-  Double-DQN picks the next action among the allowed ones.
+Fujimoto, Meger, Precup 2019, "Off-Policy Deep Reinforcement Learning without Exploration"
+(ICML; arXiv:1812.02900), Algorithm 1. A conditional VAE G(a|s) models the dataset's actions; a
+perturbation network xi(s, a) moves a decoded action by at most ``action_flexibility`` (Phi);
+twin critics are trained towards a soft clipped double-Q target taken over
+``n_action_samples`` perturbed candidates of the next state, and the policy picks the best of
+as many candidates by Q_1. Discrete actions: :mod:`offaug.algorithms.discrete_bcq`.
 
-Hyperparameter defaults follow d3rlpy 2.8's ``BCQConfig``/``DiscreteBCQConfig``; the continuous
-network sizes follow the paper (400-300 actor and critics, 750-750 VAE), because d3rlpy 2.8's
-default encoder is 256-256 for every network. Actions are learned in the normalised box
-``[-1, 1]^d`` (:class:`ActionNormaliser`). Every loss term is weighted per sample by
-``batch.weights`` (:func:`weighted_mean`), so importance-weighted augmented data weights the
-VAE, critic, actor, TD and imitation terms alike.
+Hyperparameter defaults follow d3rlpy 2.8's ``BCQConfig``; the network sizes follow the paper
+(400-300 actor and critics, 750-750 VAE), because d3rlpy 2.8's default encoder is 256-256 for
+every network. Actions are learned in the normalised box ``[-1, 1]^d``
+(:class:`ActionNormaliser`). Every loss term is weighted per sample by ``batch.weights``
+(:func:`weighted_mean`), so importance-weighted augmented data weights the VAE, critic and
+actor terms alike.
 
 Training noise (VAE reparameterisation, candidate latents) comes from torch's global generator,
 which the training loop seeds and checkpoints; ``act`` draws its candidates from a generator the
 trainer owns, so evaluation repeats exactly from a checkpoint.
 
-Scoring the ``n * B`` candidates is most of a step. It runs in :func:`_tiled_mlp` on the same
-parameters as the modules (a test checks the two agree): each state's share of a first layer is
-computed once, not ``n`` times, and activations go to buffers reused between steps.
+Scoring the ``n * B`` candidates is most of a step. It runs in
+:func:`~offaug.algorithms.kernels.tiled_mlp` on the same parameters as the modules (a test
+checks the two agree): each state's share of a first layer is computed once, not ``n`` times,
+and activations go to buffers reused between steps.
 
 Where this differs from d3rlpy 2.8: the decoder ends in tanh, as in the paper (d3rlpy's
 ``with_squash`` flag is inverted, so its decoder is unbounded); ``update_actor_interval`` is
@@ -33,50 +30,34 @@ honoured (d3rlpy's BCQ ignores it); the actor step computes no critic weight gra
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch import nn
-from torch.nn import functional as F
 
 from offaug.algorithms.base import (
     Spaces,
     adam,
     choose_device,
-    index_tensor,
+    frozen_copy,
+    load_optimizer_state,
     soft_update,
-    to_tensor,
     weighted_mean,
 )
+from offaug.algorithms.batch import TorchBatch, to_tensor
 from offaug.algorithms.distributions import ActionNormaliser
-from offaug.algorithms.networks import (
-    MLP,
-    VAE,
-    CriticEnsemble,
-    DeterministicActor,
-    EnsembleLinear,
-    EnsembleMLP,
-)
-from offaug.datasets.sampler import TorchBatch
-
-ModuleT = TypeVar("ModuleT", bound=nn.Module)
+from offaug.algorithms.kernels import Workspace, ensemble_affines, mlp_affines, tiled_mlp
+from offaug.algorithms.losses import ensemble_td_loss, td_target
+from offaug.algorithms.networks import VAE, CriticEnsemble, DeterministicActor
 
 QReduction = Literal["first", "min", "mean"]
 """How ``q_values`` combines an ensemble: the first critic (the one BCQ acts on), min or mean."""
 
 # Clip of the VAE's prior samples, N(0, 1) clipped to [-0.5, 0.5] (paper, appendix D).
 LATENT_CLIP = 0.5
-
-
-# --------------------------------------------------------------------------------------------
-# Configs
-# --------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,38 +108,8 @@ class BCQConfig:
             raise ValueError(f"lam must lie in [0, 1], not {self.lam}")
 
 
-@dataclasses.dataclass(frozen=True)
-class DiscreteBCQConfig:
-    """Discrete BCQ hyperparameters (defaults: d3rlpy 2.8 ``DiscreteBCQConfig``)."""
-
-    hidden: tuple[int, ...] = (256, 256)
-    """Hidden widths of the Q network (and of the imitation network when not shared)."""
-    share_encoder: bool = True
-    """The imitation head reads the first critic's hidden features (d3rlpy's default)."""
-    learning_rate: float = 6.25e-5
-    """Adam learning rate of the Q and imitation networks (one optimiser)."""
-    batch_size: int = 32
-    """Transitions per gradient step."""
-    gamma: float = 0.99
-    """Discount factor."""
-    n_critics: int = 1
-    """Q networks in the ensemble; the target takes their minimum."""
-    action_flexibility: float = 0.3
-    """tau: an action is allowed when ``G(a|s) / max_a' G(a'|s)`` exceeds it."""
-    beta: float = 0.5
-    """Weight of the imitation logits' L2 penalty ``mean(logits ** 2)``."""
-    target_update_interval: int = 8000
-    """Gradient steps between hard copies of the Q network into its target."""
-
-    def __post_init__(self) -> None:
-        if not self.hidden:
-            raise ValueError("discrete BCQ needs at least one hidden layer")
-        if self.n_critics < 1 or self.target_update_interval < 1:
-            raise ValueError("n_critics and target_update_interval must be >= 1")
-
-
 # --------------------------------------------------------------------------------------------
-# Losses (pure functions of tensors)
+# Losses (pure functions of tensors; the TD target and loss are offaug.algorithms.losses)
 # --------------------------------------------------------------------------------------------
 
 
@@ -209,166 +160,13 @@ def soft_clipped_double_q(candidate_values: torch.Tensor, lam: float) -> torch.T
     return torch.lerp(high, low, lam).amax(dim=0)
 
 
-def td_targets(
-    rewards: torch.Tensor, terminals: torch.Tensor, next_values: torch.Tensor, gamma: float
-) -> torch.Tensor:
-    """``r + gamma * (1 - terminal) * V(s')``; a timeout still bootstraps. All ``(B,)``."""
-    return rewards + gamma * (1.0 - terminals) * next_values
-
-
-def critic_loss(
-    q_values: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None
-) -> torch.Tensor:
-    """Squared TD error summed over critics: ``q_values (E, B)``, ``targets (B,)``."""
-    return weighted_mean((q_values - targets).pow(2).sum(0), weights)
-
-
 def actor_loss(q_values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """``-Q_1(s, pi(s))``: ``q_values (B,)`` of the first critic."""
     return weighted_mean(-q_values, weights)
 
 
-def allowed_actions(imitation_logits: torch.Tensor, threshold: float) -> torch.Tensor:
-    """``G(a|s) / max_a' G(a'|s) > threshold`` as a mask: ``(B, A) -> (B, A)`` bool.
-
-    The most likely action always passes (its ratio is 1), so no row is empty for
-    ``threshold < 1``.
-    """
-    log_probs = F.log_softmax(imitation_logits, dim=-1)
-    relative = log_probs - log_probs.amax(dim=-1, keepdim=True)
-    return relative > math.log(threshold)
-
-
-def constrained_greedy(q_values: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``argmax_a Q(s, a)`` over the allowed actions: ``(B, A), (B, A) bool -> (B,)`` int64."""
-    return q_values.masked_fill(~allowed, -math.inf).argmax(dim=-1)
-
-
-@dataclasses.dataclass(frozen=True)
-class DiscreteBCQLoss:
-    """The discrete BCQ objective and its terms (each a weighted batch mean)."""
-
-    total: torch.Tensor
-    td: torch.Tensor
-    imitation: torch.Tensor
-    regularisation: torch.Tensor
-
-
-def discrete_bcq_loss(
-    q_taken: torch.Tensor,
-    targets: torch.Tensor,
-    imitation_logits: torch.Tensor,
-    actions: torch.Tensor,
-    beta: float,
-    weights: torch.Tensor | None,
-) -> DiscreteBCQLoss:
-    """Huber TD error (summed over critics) + NLL of dataset actions + ``beta * mean(logits^2)``.
-
-    Shapes: ``q_taken (E, B)`` = Q_e(s, a_data), ``targets (B,)``, ``imitation_logits (B, A)``,
-    ``actions (B,)`` int64.
-    """
-    td = F.smooth_l1_loss(q_taken, targets.expand_as(q_taken), reduction="none").sum(0)  # (B,)
-    nll = F.cross_entropy(imitation_logits, actions, reduction="none")  # (B,)
-    penalty = imitation_logits.pow(2).mean(-1)  # (B,)
-    return DiscreteBCQLoss(
-        total=weighted_mean(td + nll + beta * penalty, weights),
-        td=weighted_mean(td, weights),
-        imitation=weighted_mean(nll, weights),
-        regularisation=weighted_mean(penalty, weights),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _frozen_copy(module: ModuleT) -> ModuleT:
-    target = copy.deepcopy(module)
-    target.requires_grad_(False)
-    return target
-
-
-Affine = tuple[torch.Tensor, torch.Tensor]
-"""One affine layer as ``(weight (in, out), bias (out,))``: ``x @ weight + bias``."""
-
-
-def _mlp_affines(mlp: MLP) -> list[Affine]:
-    """The layers of an :class:`MLP` (``nn.Linear`` stores its weight as ``(out, in)``)."""
-    return [(layer.weight.t(), layer.bias) for layer in mlp.net if isinstance(layer, nn.Linear)]
-
-
-def _ensemble_affines(net: EnsembleMLP, member: int) -> list[Affine]:
-    """The layers of one member of an :class:`EnsembleMLP` (weights ``(E, in, out)``)."""
-    return [
-        (layer.weight[member], layer.bias[member, 0])
-        for layer in net.layers
-        if isinstance(layer, EnsembleLinear)
-    ]
-
-
-class _Workspace:
-    """Output buffers of the candidate pass, kept between steps and keyed by name and shape.
-
-    Scoring ``n * B`` candidates makes about ten activations of ``n * B`` rows per step. On CPU,
-    glibc hands large allocations back to the kernel and page-faults them in again on the next
-    step (measured at 64-64 sizes: 2,300 minor faults and 4 ms of system time per step, a
-    quarter of the step), so the pass writes into these buffers instead.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """An uninitialised buffer of ``shape`` (dtype and device of ``like``)."""
-        buffer = self._buffers.get((name, shape))
-        if buffer is None or buffer.device != like.device or buffer.dtype != like.dtype:
-            buffer = torch.empty(shape, dtype=like.dtype, device=like.device)
-            self._buffers[(name, shape)] = buffer
-        return buffer
-
-
-@torch.no_grad()
-def _tiled_mlp(
-    affines: Sequence[Affine],
-    states: torch.Tensor,
-    extras: torch.Tensor,
-    workspace: _Workspace,
-    name: str,
-) -> torch.Tensor:
-    """A ReLU MLP of ``[state, extra]`` for ``n`` extras per state.
-
-    Shapes: ``states (B, s)``, ``extras (n, B, d)`` -> ``(n, B, out)``.
-
-    The same function as ``mlp(cat([states repeated n times, extras], -1))``, cheaper: the
-    state's share of the first layer is computed once per state instead of once per candidate,
-    no input is concatenated, each ReLU runs in place, and every layer writes into a buffer of
-    ``workspace``. The result lives in the buffer ``name``, valid until the next call with the
-    same name.
-    """
-    n, batch, extra_dim = extras.shape
-    state_dim = states.shape[-1]
-    last = len(affines) - 1
-
-    def buffer(depth: int, width: int) -> torch.Tensor:
-        # Hidden layers alternate between two buffers shared by every MLP of the pass (a
-        # small working set stays in cache); the output has its own, named buffer.
-        key = f"{name}.out" if depth == last else f"hidden{depth % 2}"
-        return workspace.get(key, (n * batch, width), states)
-
-    (weight, bias), *rest = affines
-    # (n * B, d) @ (d, h), plus the state's share (B, h) broadcast over n.
-    hidden = torch.mm(
-        extras.reshape(n * batch, extra_dim), weight[state_dim:], out=buffer(0, weight.shape[1])
-    )
-    hidden.view(n, batch, -1).add_(torch.addmm(bias, states, weight[:state_dim]))
-    for depth, (weight, bias) in enumerate(rest, start=1):
-        hidden = torch.addmm(bias, hidden.relu_(), weight, out=buffer(depth, weight.shape[1]))
-    return hidden.view(n, batch, -1)
-
-
-def _reduce_ensemble(values: torch.Tensor, reduction: QReduction) -> torch.Tensor:
-    """``(E, B) -> (B,)``."""
+def reduce_ensemble(values: torch.Tensor, reduction: QReduction) -> torch.Tensor:
+    """One value per state from an ensemble's: ``(E, B) -> (B,)``."""
     if reduction == "first":
         return values[0]
     if reduction == "min":
@@ -414,14 +212,14 @@ class BCQ:
         self.critic = CriticEnsemble(obs_dim, act_dim, cfg.critic_hidden, cfg.n_critics).to(
             self.device
         )
-        self.actor_target: DeterministicActor = _frozen_copy(self.actor)
-        self.critic_target: CriticEnsemble = _frozen_copy(self.critic)
+        self.actor_target: DeterministicActor = frozen_copy(self.actor)
+        self.critic_target: CriticEnsemble = frozen_copy(self.critic)
         self.vae_optimizer = adam(self.vae.parameters(), cfg.imitator_learning_rate)
         self.actor_optimizer = adam(self.actor.parameters(), cfg.actor_learning_rate)
         self.critic_optimizer = adam(self.critic.parameters(), cfg.critic_learning_rate)
         self._actor_params = list(self.actor.parameters())
         self.generator = _generator(self.device, cfg.act_seed)
-        self._workspace = _Workspace()
+        self._workspace = Workspace()
         self.steps = 0
         nan = torch.tensor(_NOT_YET, device=self.device)
         self._last_rl_metrics: dict[str, torch.Tensor] = {
@@ -445,17 +243,17 @@ class BCQ:
         candidates ``(n, B, act)``, values ``(members, n, B)`` of the first ``members`` critics.
 
         Computes ``perturb(G(s, z), xi(s, G(s, z)))`` and ``Q_e(s, .)`` for every latent ``z``,
-        exactly as the modules would on ``n * B`` repeated states, with :func:`_tiled_mlp`.
+        exactly as the modules would on ``n * B`` repeated states, with :func:`tiled_mlp`.
         """
         workspace = self._workspace
-        decoder, perturbation = _mlp_affines(self.vae.decoder), _mlp_affines(actor.net)
-        decoded = _tiled_mlp(decoder, states, latent, workspace, "decoder").tanh_()
-        residual = _tiled_mlp(perturbation, states, decoded, workspace, "actor").tanh_()
+        decoder, perturbation = mlp_affines(self.vae.decoder), mlp_affines(actor.net)
+        decoded = tiled_mlp(decoder, states, latent, workspace, "decoder").tanh_()
+        residual = tiled_mlp(perturbation, states, decoded, workspace, "actor").tanh_()
         candidates = perturb(decoded, residual, self.config.action_flexibility)  # (n, B, act)
         values = torch.stack(
             [
-                _tiled_mlp(
-                    _ensemble_affines(critic.net, member),
+                tiled_mlp(
+                    ensemble_affines(critic.net, member),
                     states,
                     candidates,
                     workspace,
@@ -517,9 +315,9 @@ class BCQ:
 
     def _update_critic(self, batch: TorchBatch, actions: torch.Tensor) -> None:
         next_values = self._next_values(batch.next_observations)
-        targets = td_targets(batch.rewards, batch.terminals, next_values, self.config.gamma)
+        targets = td_target(batch.rewards, batch.terminals, next_values, self.config.gamma)
         q_values = self.critic(batch.observations, actions)  # (E, B)
-        loss = critic_loss(q_values, targets, batch.weights)
+        loss = ensemble_td_loss(q_values, targets, batch.weights)
         self.critic_optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
         self.critic_optimizer.step()
@@ -570,7 +368,7 @@ class BCQ:
         obs = to_tensor(observations, self.device)
         normalised = self.normaliser(to_tensor(actions, self.device))
         values = self.critic(obs, normalised)  # (E, B)
-        return _reduce_ensemble(values, reduction).cpu().numpy()
+        return reduce_ensemble(values, reduction).cpu().numpy()
 
     @torch.no_grad()
     def sample_vae_actions(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -606,162 +404,8 @@ class BCQ:
         self.critic.load_state_dict(state["critic"])
         self.actor_target.load_state_dict(state["actor_target"])
         self.critic_target.load_state_dict(state["critic_target"])
-        # Optimizers keep the very tensors they are given: copy them, or two trainers restored
-        # from one live state dict would share (and both advance) their Adam moments.
-        self.vae_optimizer.load_state_dict(copy.deepcopy(state["vae_optimizer"]))
-        self.actor_optimizer.load_state_dict(copy.deepcopy(state["actor_optimizer"]))
-        self.critic_optimizer.load_state_dict(copy.deepcopy(state["critic_optimizer"]))
+        load_optimizer_state(self.vae_optimizer, state["vae_optimizer"])
+        load_optimizer_state(self.actor_optimizer, state["actor_optimizer"])
+        load_optimizer_state(self.critic_optimizer, state["critic_optimizer"])
         self.steps = int(state["steps"])
         self.generator.set_state(state["act_generator"].cpu())
-
-
-# --------------------------------------------------------------------------------------------
-# Discrete BCQ
-# --------------------------------------------------------------------------------------------
-
-
-class DiscreteBCQNetwork(nn.Module):
-    """Q_e(s, .) for ``E`` critics and imitation logits G(.|s), with an optional shared torso.
-
-    ``(B, obs) -> q (E, B, A), logits (B, A)``. With ``share_encoder`` the imitation head reads
-    the hidden features of the first critic (d3rlpy's ``share_encoder``).
-    """
-
-    def __init__(
-        self,
-        observation_dim: int,
-        n_actions: int,
-        hidden: Sequence[int],
-        members: int,
-        share_encoder: bool,
-    ) -> None:
-        super().__init__()
-        *inner, width = hidden
-        self.torso = EnsembleMLP(members, observation_dim, inner, width)
-        self.q_head = EnsembleLinear(members, width, n_actions)
-        self.imitator: nn.Module = (
-            nn.Linear(width, n_actions)
-            if share_encoder
-            else MLP(observation_dim, hidden, n_actions)
-        )
-        self.share_encoder = share_encoder
-
-    def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = F.relu(self.torso(observations))  # (E, B, H)
-        q_values = self.q_head(features)  # (E, B, A)
-        source = features[0] if self.share_encoder else observations
-        return q_values, self.imitator(source)
-
-    def q_only(self, observations: torch.Tensor) -> torch.Tensor:
-        """``(B, obs) -> (E, B, A)`` without the imitation head."""
-        q_values: torch.Tensor = self.q_head(F.relu(self.torso(observations)))
-        return q_values
-
-
-class DiscreteBCQ:
-    """Discrete BCQ trainer: Q ensemble + imitation network, one optimiser, hard target copies."""
-
-    name = "discrete_bcq"
-
-    def __init__(
-        self,
-        spaces: Spaces,
-        config: DiscreteBCQConfig | None = None,
-        *,
-        device: str | None = None,
-    ) -> None:
-        if not spaces.discrete:
-            raise ValueError("DiscreteBCQ learns discrete actions; use BCQ for continuous ones")
-        self.spaces = spaces
-        self.config = config or DiscreteBCQConfig()
-        self.device = choose_device(device)
-        cfg = self.config
-        self.network = DiscreteBCQNetwork(
-            spaces.observation_dim, spaces.action_dim, cfg.hidden, cfg.n_critics, cfg.share_encoder
-        ).to(self.device)
-        self.target = _frozen_copy(self.network)
-        self.optimizer = adam(self.network.parameters(), cfg.learning_rate)
-        self.steps = 0
-
-    def _greedy(self, q_values: torch.Tensor, imitation_logits: torch.Tensor) -> torch.Tensor:
-        """Constrained greedy action of the ensemble-mean Q: ``(E, B, A), (B, A) -> (B,)``."""
-        allowed = allowed_actions(imitation_logits, self.config.action_flexibility)
-        return constrained_greedy(q_values.mean(0), allowed)
-
-    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
-        """One gradient step on TD + imitation losses; hard target copy every interval."""
-        cfg = self.config
-        with torch.no_grad():
-            # Double DQN: the online networks choose among allowed actions, the target scores.
-            next_q, next_logits = self.network(batch.next_observations)
-            next_actions = self._greedy(next_q, next_logits)  # (B,)
-            target_q = self.target.q_only(batch.next_observations)  # (E, B, A)
-            index = next_actions.view(1, -1, 1).expand(target_q.shape[0], -1, 1)
-            next_values = target_q.gather(-1, index).squeeze(-1).amin(0)  # (E, B) -> (B,)
-            targets = td_targets(batch.rewards, batch.terminals, next_values, cfg.gamma)
-        q_values, logits = self.network(batch.observations)
-        taken = batch.actions.view(1, -1, 1).expand(q_values.shape[0], -1, 1)
-        q_taken = q_values.gather(-1, taken).squeeze(-1)  # (E, B)
-        loss = discrete_bcq_loss(q_taken, targets, logits, batch.actions, cfg.beta, batch.weights)
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss.total)
-        self.optimizer.step()
-        self.steps += 1
-        if self.steps % cfg.target_update_interval == 0:
-            with torch.no_grad():
-                torch._foreach_copy_(
-                    list(self.target.parameters()), list(self.network.parameters())
-                )
-        return {
-            "loss": loss.total.detach(),
-            "td_loss": loss.td.detach(),
-            "imitation_loss": loss.imitation.detach(),
-            "logit_penalty": loss.regularisation.detach(),
-            "q_mean": q_taken.detach().mean(),
-        }
-
-    @torch.no_grad()
-    def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
-        """argmax of the ensemble-mean Q over the actions the imitation network allows."""
-        obs = to_tensor(observations, self.device).reshape(-1, self.spaces.observation_dim)
-        q_values, logits = self.network(obs)
-        return self._greedy(q_values, logits).cpu().numpy()
-
-    @torch.no_grad()
-    def allowed(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.bool_]:
-        """Which actions pass the imitation threshold: ``(B, obs) -> (B, A)`` bool."""
-        obs = to_tensor(observations, self.device).reshape(-1, self.spaces.observation_dim)
-        _, logits = self.network(obs)
-        mask = allowed_actions(logits, self.config.action_flexibility)
-        return mask.cpu().numpy()
-
-    @torch.no_grad()
-    def q_values(
-        self,
-        observations: npt.NDArray[np.float32],
-        actions: npt.NDArray[np.int64],
-        reduction: QReduction = "first",
-    ) -> npt.NDArray[np.float32]:
-        """Q(s, a) of action indices: ``(B, obs), (B,) -> (B,)``."""
-        obs = to_tensor(observations, self.device).reshape(-1, self.spaces.observation_dim)
-        index = index_tensor(actions, self.device)
-        q_all = self.network.q_only(obs)  # (E, B, A)
-        taken = q_all.gather(-1, index.view(1, -1, 1).expand(q_all.shape[0], -1, 1)).squeeze(-1)
-        return _reduce_ensemble(taken, reduction).cpu().numpy()
-
-    def state_dict(self) -> dict[str, Any]:
-        """Network, target, optimiser and step count."""
-        return {
-            "network": self.network.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "steps": self.steps,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.network.load_state_dict(state["network"])
-        self.target.load_state_dict(state["target"])
-        # A copy: optimizers keep the tensors they are given (see BCQ.load_state_dict).
-        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
-        self.steps = int(state["steps"])

@@ -2,14 +2,11 @@
 
 A learner opts in by naming methods in ``compile_targets()``: pure functions of a batch (a
 loss), which :func:`compile_trainer` replaces on that one trainer with a compiled version.
-Measured on one CPU thread (``benchmarks`` machine, torch 2.13, interleaved, median of 5):
-
-* Gaussian BC's loss (a truncated-normal log-density: some thirty small element-wise ops and
-  their backward, which Inductor fuses): 1.34-1.42x at 64x64, 1.13-1.14x at 256x256 steps/s,
-  after 2.6-11 s of compiling on a cold cache;
-* deterministic BC's loss (64x64 and 256x256), CQL's losses (64x64), SAC's actor (64x64 and
-  256x256): no gain (0.98-1.0x); their steps are bound by matrix multiplies that compiling
-  does not change, so they declare no targets (BCQ's candidate pass is tiled by hand).
+Only Gaussian BC's loss does: a truncated-normal log-density, some thirty small element-wise
+ops and their backward, which Inductor fuses. Deterministic BC, CQL and SAC declare no targets:
+their steps are bound by matrix multiplies that compiling does not change (BCQ's candidate pass
+is tiled by hand in :mod:`offaug.algorithms.kernels`). The measured gains and compile times are
+in ``benchmarks/RESULTS.md`` (``train_bc_gaussian_compiled_*``).
 
 Compiling happens at the first call. When it fails (no C++ compiler on a CPU machine, an
 unsupported backend), the trainer warns once and goes on eagerly, as without the option.

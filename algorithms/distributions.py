@@ -1,5 +1,6 @@
-"""Action distributions and the action box: the one home of the truncated normal and of the
-map between an environment's action bounds and the normalised box ``[-1, 1]^d``.
+"""Action distributions and the action box: the one home of the truncated normal, of the
+tanh-squashed Gaussian and of the map between an environment's action bounds and the
+normalised box ``[-1, 1]^d``.
 """
 
 from __future__ import annotations
@@ -9,11 +10,27 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+from offaug.algorithms.truncated_normal import LOG_SQRT_2PI as LOG_SQRT_2PI  # the learners' name
+from offaug.algorithms.truncated_normal import ArrayOps
+from offaug.algorithms.truncated_normal import (
+    truncated_normal_log_prob as _truncated_normal_log_prob,
+)
 
 if TYPE_CHECKING:
     from offaug.algorithms.base import Spaces
 
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+TORCH_OPS = ArrayOps(
+    exp=torch.exp,
+    log=torch.log,
+    log1p=torch.log1p,
+    where=torch.where,
+    ndtr=torch.special.ndtr,
+    log_ndtr=torch.special.log_ndtr,
+    clamp=torch.clamp,
+    any=lambda _: True,  # no data-dependent branch: compiled losses and GPUs never sync here
+)
 
 
 def truncated_normal_log_prob(
@@ -25,15 +42,30 @@ def truncated_normal_log_prob(
 ) -> torch.Tensor:
     """Log-density of a Gaussian truncated to ``[low, high]^d``, summed over the last axis.
 
-    ``log N(a; m, s) - log(Phi((high - m)/s) - Phi((low - m)/s))`` per dimension.
+    ``log N(a; m, s) - log(Phi((high - m)/s) - Phi((low - m)/s))`` per dimension
+    (:mod:`offaug.algorithms.truncated_normal`, which the rollouts' numpy path shares).
     """
-    std = log_std.exp()
-    z = (actions - mean) / std
-    log_pdf = -0.5 * z.pow(2) - log_std - LOG_SQRT_2PI
-    upper = torch.special.ndtr((high - mean) / std)
-    lower = torch.special.ndtr((low - mean) / std)
-    mass = (upper - lower).clamp_min(1e-12)
-    return (log_pdf - mass.log()).sum(-1)
+    log_prob: torch.Tensor = _truncated_normal_log_prob(
+        TORCH_OPS, actions, mean, log_std, low, high
+    )
+    return log_prob
+
+
+def tanh_gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterised tanh-Gaussian actions and their log-densities (SAC's squashing).
+
+    ``a = tanh(mean + exp(log_std) * noise)``; the log-density is the Gaussian's minus
+    ``sum log(1 - tanh(x)^2)``. ``mean``, ``log_std`` ``(..., act)`` broadcast against
+    ``noise`` ``(..., act)``; returns actions ``noise.shape`` and log-densities
+    ``noise.shape[:-1]``.
+    """
+    pre_tanh = mean + log_std.exp() * noise
+    log_prob = (-0.5 * noise.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
+    # log(1 - tanh(x)^2) written stably: 2 * (log 2 - x - softplus(-2x)).
+    log_prob = log_prob - (2 * (math.log(2) - pre_tanh - F.softplus(-2 * pre_tanh))).sum(-1)
+    return torch.tanh(pre_tanh), log_prob
 
 
 class ActionNormaliser(nn.Module):

@@ -7,8 +7,13 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
+from gymnasium.envs.registration import EnvSpec
+
+from offaug.datasets.envs import register_envs
+from offaug.datasets.generate import d4rl_reference_scores
 
 Policy = Callable[[npt.NDArray[np.float32]], npt.NDArray[Any]]
 
@@ -33,11 +38,6 @@ def make_env(meta: Mapping[str, Any], env_id: str | None = None, **kwargs: Any) 
 
     Dict observation spaces are flattened in the space's key order, as the readers do.
     """
-    import gymnasium as gym
-    from gymnasium.envs.registration import EnvSpec
-
-    from offaug.datasets.envs import register_envs
-
     register_envs()
     if env_id is not None:
         env = gym.make(env_id, **kwargs)
@@ -65,8 +65,6 @@ def reference_scores(meta: Mapping[str, Any], env_id: str | None) -> tuple[float
             env_id = json.loads(spec_text).get("id")
     if env_id is None:
         return None
-    from offaug.datasets.generate import d4rl_reference_scores
-
     return d4rl_reference_scores(env_id)
 
 

@@ -41,7 +41,9 @@ from offaug.algorithms.base import (
     seed_everything,
 )
 from offaug.algorithms.evaluate import evaluate, make_env
-from offaug.algorithms.sac import SAC, OnlineEvaluation, SACConfig, train_online
+from offaug.algorithms.online import OnlineEvaluation, train_online
+from offaug.algorithms.sac import SAC, SACConfig
+from offaug.datasets.atomic import replace_directory
 from offaug.datasets.envs import register_envs
 from offaug.datasets.errors import DataError
 from offaug.datasets.generate import (
@@ -272,10 +274,8 @@ def make_level_dataset(
         if trained is not None:
             shutil.copyfile(trained.checkpoint, staged / POLICY_FILE)
         (staged / LEVEL_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
-        staged.rename(target)
+        replace_directory(staged, target)
     return LevelDataset(
         dataset=GeneratedDataset(
             dataset_id=dataset_id,

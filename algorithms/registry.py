@@ -23,11 +23,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "bc": AlgorithmSpec("offaug.algorithms.bc", "BC", "BCConfig", discrete=False),
     "cql": AlgorithmSpec("offaug.algorithms.cql", "CQL", "CQLConfig", discrete=False),
     "discrete_cql": AlgorithmSpec(
-        "offaug.algorithms.cql", "DiscreteCQL", "DiscreteCQLConfig", discrete=True
+        "offaug.algorithms.discrete_cql", "DiscreteCQL", "DiscreteCQLConfig", discrete=True
     ),
     "bcq": AlgorithmSpec("offaug.algorithms.bcq", "BCQ", "BCQConfig", discrete=False),
     "discrete_bcq": AlgorithmSpec(
-        "offaug.algorithms.bcq", "DiscreteBCQ", "DiscreteBCQConfig", discrete=True
+        "offaug.algorithms.discrete_bcq", "DiscreteBCQ", "DiscreteBCQConfig", discrete=True
     ),
     # Online SAC (dataset levels); offline it is plain off-policy SAC without a constraint.
     "sac": AlgorithmSpec("offaug.algorithms.sac", "SAC", "SACConfig", discrete=False),

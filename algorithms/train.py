@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,10 @@ from offaug.algorithms.base import (
     seed_everything,
     spaces_from_transitions,
 )
+from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.compiling import compile_trainer
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
-from offaug.datasets.atomic import write_json_atomic
+from offaug.datasets.atomic import write_bytes_atomic, write_json_atomic
 from offaug.datasets.sampler import MixtureSampler
 from offaug.datasets.shards import ShardSet
 from offaug.datasets.sources import load_transitions
@@ -71,8 +71,8 @@ class TrainOptions:
     threads: int | None = None
     """Torch CPU threads (1 inside Dask workers)."""
     compile: bool = False
-    """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss: 1.13-1.42x on
-    one CPU thread, after 3-11 s of compiling); other learners train as without it."""
+    """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss, after a few
+    seconds of compiling; see ``benchmarks/RESULTS.md``); other learners train as without it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +163,11 @@ def train(
         env = make_env(meta, options.env_id)
     last_eval: EvaluationResult | None = None
     pending: list[dict[str, torch.Tensor]] = []
+    device = trainer_device(trainer)
     started = time.perf_counter()
     with open(run_dir / "metrics.jsonl", "a") as log:
         for step in range(start + 1, options.steps + 1):
-            batch = sampler.sample_torch(trainer_device(trainer))
+            batch = TorchBatch.from_batch(sampler.sample(), device)
             pending.append(trainer.update(batch))
             if step % options.log_every == 0 or step == options.steps:
                 metrics = _mean_metrics(pending)
@@ -243,9 +244,7 @@ def _checkpoint(
         extra=extra,
     )
     # The latest checkpoint is a copy under a fixed name, replaced atomically.
-    tmp = run_dir / f".checkpoint.pt.tmp-{uuid.uuid4().hex[:12]}"
-    tmp.write_bytes(path.read_bytes())
-    os.replace(tmp, run_dir / "checkpoint.pt")
+    write_bytes_atomic(run_dir / "checkpoint.pt", path.read_bytes())
 
 
 def _resume(trainer: Trainer, sampler: MixtureSampler, path: Path, algorithm: str) -> int:

@@ -1,14 +1,14 @@
 """Learner throughput against d3rlpy 2.8, and each update's FLOP/s and matmul floor.
 
-For each learner (BC, CQL, BCQ, SAC) at 64x64 (overhead-bound) and 256x256 (matmul-bound)
-networks: gradient steps per second of offaug's ``sampler.sample_torch() + trainer.update`` and
-of d3rlpy's ``dataset.sample_transition_batch() + algo.update`` on the same data (offaug's exact
-transitions, handed over with ``offaug.datasets.interop.to_d3rlpy``), the same network sizes,
-batch size and hyperparameters, both on one CPU thread, interleaved blocks, median of repeats.
-At both sizes it also counts one offaug update's FLOPs (``torch.utils.flop_counter``) and
-prints the FLOP/s achieved next to a plain torch matmul loop of the same shapes in the same run
-(the FLOP-share goal is the 256x256 one), and the matmul floor: the step rate of those
-multiplies alone, beside the step rate the goal asks for.
+For each learner (BC, CQL, BCQ, SAC) at 64x64 (overhead-bound) and 256x256 (matmul-bound) networks:
+gradient steps per second of offaug's ``TorchBatch.from_batch(sampler.sample())`` +
+``trainer.update`` and of d3rlpy's ``dataset.sample_transition_batch() + algo.update`` on the same
+data (offaug's exact transitions, handed over with ``offaug.datasets.interop.to_d3rlpy``), the same
+network sizes, batch size and hyperparameters, both on one CPU thread, interleaved blocks, median of
+repeats. At both sizes it also counts one offaug update's FLOPs (``torch.utils.flop_counter``) and
+prints the FLOP/s achieved next to a plain torch matmul loop of the same shapes in the same run (the
+FLOP-share goal is the 256x256 one), and the matmul floor: the step rate of those multiplies alone,
+beside the step rate the goal asks for.
 
 ``bc_compile`` measures what ``--compile`` (``torch.compile`` of the learners' declared targets)
 buys where offaug turns it on, Gaussian BC (the behaviour model of every pipeline run): the
@@ -167,9 +167,11 @@ def _measure(
 
 def _update_block(trainer: Any, sampler: Any, steps: int) -> float:
     """Seconds for ``steps`` of offaug's training step: sample a batch, update."""
+    from offaug.algorithms.batch import TorchBatch
+
     start = time.perf_counter()
     for _ in range(steps):
-        trainer.update(sampler.sample_torch())
+        trainer.update(TorchBatch.from_batch(sampler.sample()))
     return time.perf_counter() - start
 
 
@@ -191,6 +193,8 @@ def _minimal_loop(
     import torch
     from torch import nn
 
+    from offaug.algorithms.batch import TorchBatch
+
     torch.manual_seed(0)
     net = nn.Sequential(
         nn.Linear(spaces.observation_dim, hidden),
@@ -204,7 +208,7 @@ def _minimal_loop(
     def minimal_block() -> float:
         start = time.perf_counter()
         for _ in range(steps):
-            batch = sampler.sample_torch()
+            batch = TorchBatch.from_batch(sampler.sample())
             loss = (torch.tanh(net(batch.observations)) - batch.actions).pow(2).sum(-1).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -226,6 +230,7 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
 
     from offaug.algorithms import registry
     from offaug.algorithms.base import spaces_from_transitions
+    from offaug.algorithms.batch import TorchBatch
     from offaug.algorithms.compiling import compile_trainer
     from offaug.datasets import MixtureSampler
 
@@ -243,7 +248,7 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
     # the same machine reuse the on-disk cache and compile in a fraction of it).
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="offaug-bench-inductor-")
     start = time.perf_counter()
-    compiled.update(sampler.sample_torch())  # the first call compiles
+    compiled.update(TorchBatch.from_batch(sampler.sample()))  # the first call compiles
     compile_seconds = time.perf_counter() - start
     if not compiled.loss.compiled:
         raise RuntimeError("torch.compile fell back to eager (see the warning above)")
@@ -336,7 +341,9 @@ def _flops(
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch = sampler.sample_torch()
+    from offaug.algorithms.batch import TorchBatch
+
+    batch = TorchBatch.from_batch(sampler.sample())
     counter = FlopCounterMode(display=False)
     with counter:
         trainer.update(batch)

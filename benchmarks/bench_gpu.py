@@ -1,16 +1,15 @@
 """CQL's pace on a GPU: gradient steps per second at 3x256 networks, and minutes per 1M steps.
 
-Issue 3's GPU item: time 100k CQL steps at 3x256 hidden units and report the pace per 1M
-steps (goal under 30 minutes; CORL's PyTorch CQL takes 11.5 h per 1M steps on a GTX 1080 Ti,
-JAX-CORL 56 min). offaug's CQL (CQL(H), its defaults, batch 256) trains as ``offaug train cql
---device cuda`` does: ``MixtureSampler.sample_torch(device)`` + ``trainer.update`` on
-transitions with Hopper-v5's shapes (11-dim observations, 3-dim actions; synthetic values, as
-the pace does not depend on them), timed in blocks with the device synchronised at each
-block's end, until ``--steps`` or ``--time-limit`` (then the pace is that of the steps done,
-and the record says how many). Then the same updates on batches staged on the device beforehand
-(``absolute.update_only_steps_per_s``): the gap is what sampling and copying cost a step. The
-baseline, in the same process: d3rlpy 2.8's CQL at the
-same sizes on the same device when d3rlpy is importable, else offaug's own CQL on one CPU
+Issue 3's GPU item: time 100k CQL steps at 3x256 hidden units and report the pace per 1M steps (goal
+under 30 minutes; CORL's PyTorch CQL takes 11.5 h per 1M steps on a GTX 1080 Ti, JAX-CORL 56 min).
+offaug's CQL (CQL(H), its defaults, batch 256) trains as ``offaug train cql --device cuda`` does:
+``TorchBatch.from_batch(MixtureSampler.sample(), device)`` + ``trainer.update`` on transitions with
+Hopper-v5's shapes (11-dim observations, 3-dim actions; synthetic values, as the pace does not
+depend on them), timed in blocks with the device synchronised at each block's end, until ``--steps``
+or ``--time-limit`` (then the pace is that of the steps done, and the record says how many). Then
+the same updates on batches staged on the device beforehand (``absolute.update_only_steps_per_s``):
+the gap is what sampling and copying cost a step. The baseline, in the same process: d3rlpy 2.8's
+CQL at the same sizes on the same device when d3rlpy is importable, else offaug's own CQL on one CPU
 thread.
 
 Made to be run as one prepared command on a lent GPU machine (see README, Performance); it
@@ -140,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from offaug.algorithms import registry
     from offaug.algorithms.base import Spaces, configure_torch
+    from offaug.algorithms.batch import TorchBatch
     from offaug.datasets import MixtureSampler
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize(device)
 
     def offaug_step() -> None:
-        trainer.update(sampler.sample_torch(device))
+        trainer.update(TorchBatch.from_batch(sampler.sample(), device))
 
     warmup = min(200, max(1, args.steps // 10))
     for _ in range(warmup):
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     # The same updates on batches already on the device (64 drawn before timing, cycled): the
     # gap to the figure above is what sampling and the host-to-device copies cost per step
     # (from pageable memory, such a copy waits for the stream, so it is one sync a step).
-    staged = itertools.cycle([sampler.sample_torch(device) for _ in range(64)])
+    staged = itertools.cycle([TorchBatch.from_batch(sampler.sample(), device) for _ in range(64)])
 
     def update_only_step() -> None:
         trainer.update(next(staged))
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         def baseline_step() -> None:
-            cpu_trainer.update(sampler.sample_torch("cpu"))
+            cpu_trainer.update(TorchBatch.from_batch(sampler.sample(), "cpu"))
 
         def baseline_device_sync() -> None:
             return None
@@ -229,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         goal=None,
         size={"hidden": hidden, "batch_size": batch, "steps_per_block": block},
         notes=(
-            "offaug train's step (sampler.sample_torch(device) + CQL.update) on transitions "
-            "with Hopper-v5's shapes; blocks end with a device synchronisation; the goal is "
-            "absolute (minutes per 1M steps, in 'absolute'), not a ratio"
+            "offaug train's step (TorchBatch.from_batch(sampler.sample(), device) + CQL.update) "
+            "on transitions with Hopper-v5's shapes; blocks end with a device synchronisation; "
+            "the goal is absolute (minutes per 1M steps, in 'absolute'), not a ratio"
         ),
     )
     minutes = 1e6 / record["offaug"] / 60

@@ -75,6 +75,7 @@ def _offaug_score(name: str, data: Any, steps: int, seed: int, episodes: int) ->
 
     from offaug.algorithms import registry
     from offaug.algorithms.base import seed_everything, spaces_from_transitions
+    from offaug.algorithms.batch import TorchBatch
     from offaug.algorithms.evaluate import evaluate, make_env, reference_scores
     from offaug.datasets import MixtureSampler
 
@@ -92,7 +93,7 @@ def _offaug_score(name: str, data: Any, steps: int, seed: int, episodes: int) ->
     batch = trainer.config.batch_size
     sampler = MixtureSampler([data], batch, seed=seed)
     for _ in range(steps):
-        trainer.update(sampler.sample_torch())
+        trainer.update(TorchBatch.from_batch(sampler.sample()))
     torch.set_num_threads(1)
     env = make_env(data.meta)
     result = evaluate(

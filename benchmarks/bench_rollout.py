@@ -38,8 +38,8 @@ def _bc_checkpoint(workdir: Path, env_id: str) -> Path:
     import numpy as np
 
     from offaug.algorithms.base import Spaces, save_checkpoint
+    from offaug.algorithms.batch import TorchBatch
     from offaug.algorithms.bc import BC, BCConfig
-    from offaug.datasets.sampler import TorchBatch
 
     env = gym.make(env_id)
     obs_dim = int(np.prod(env.observation_space.shape))
@@ -82,12 +82,14 @@ def _offaug_rollout(
 
     from offaug.algorithms.train import load_trainer
     from offaug.datasets.shards import write_shard
-    from offaug.pipeline.rollout import BCRolloutPolicy, RolloutConfig, rollout
+    from offaug.pipeline.noise import parse_noise
+    from offaug.pipeline.policies import BCRolloutPolicy
+    from offaug.pipeline.rollout import RolloutConfig, rollout
 
     policy = BCRolloutPolicy(load_trainer(checkpoint, device="cpu"))
     kwargs = {"max_episode_steps": max_steps} if max_steps else {}
     config = RolloutConfig(
-        episodes=episodes, n_envs=min(32, episodes), noise="gaussian:0.1", seed=0
+        episodes=episodes, n_envs=min(32, episodes), noise=parse_noise("gaussian:0.1"), seed=0
     )
     envs = [gym.make(env_id, **kwargs) for _ in range(config.n_envs)]
     pool = iter(envs)

@@ -13,7 +13,7 @@ from offaug.datasets.publish import (
     publish_dataset,
     verify_published,
 )
-from offaug.datasets.sampler import Batch, MixtureSampler, TorchBatch
+from offaug.datasets.sampler import Batch, MixtureSampler
 from offaug.datasets.shards import ShardRef, ShardSet, read_shard, write_shard, write_shard_set
 from offaug.datasets.sources import load_transitions, resolve_source
 from offaug.datasets.transitions import (
@@ -38,7 +38,6 @@ __all__ = [
     "ShardRef",
     "ShardSet",
     "Source",
-    "TorchBatch",
     "Transitions",
     "concatenate",
     "load_published",

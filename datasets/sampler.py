@@ -1,15 +1,15 @@
 """Uniform minibatches from one or many transition sets, with a mixing ratio and weights.
 
 The sampler reads straight from memory-mapped shards: each batch is one fancy-index gather per
-column, so only the sampled rows are touched and nothing is loaded up front. numpy becomes
-torch in exactly one place, :meth:`TorchBatch.from_batch`.
+column, so only the sampled rows are touched and nothing is loaded up front. Batches are numpy
+arrays; the learners' floor (``offaug.algorithms.batch``) converts them for training.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -17,9 +17,6 @@ import numpy.typing as npt
 from offaug.datasets.errors import DataError
 from offaug.datasets.shards import ShardSet
 from offaug.datasets.transitions import Transitions
-
-if TYPE_CHECKING:
-    import torch
 
 _BATCH_COLUMNS = (
     "observations",
@@ -46,37 +43,6 @@ class Batch:
 
     def __len__(self) -> int:
         return int(self.rewards.shape[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class TorchBatch:
-    """A :class:`Batch` as torch tensors on one device: the only numpy-to-torch conversion."""
-
-    observations: torch.Tensor  # (B, *obs) float32 (int64 for Discrete)
-    actions: torch.Tensor  # (B, *act) float32 (int64 for Discrete)
-    rewards: torch.Tensor  # (B,) float32
-    next_observations: torch.Tensor  # (B, *obs)
-    terminals: torch.Tensor  # (B,) float32: 1.0 where the MDP terminated
-    timeouts: torch.Tensor  # (B,) float32
-    weights: torch.Tensor  # (B,) float32
-
-    @classmethod
-    def from_batch(cls, batch: Batch, device: str | torch.device = "cpu") -> TorchBatch:
-        """Convert a numpy batch; flags become float so they can enter a loss directly."""
-        import torch
-
-        def tensor(array: npt.NDArray[Any]) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
-
-        return cls(
-            observations=tensor(batch.observations),
-            actions=tensor(batch.actions),
-            rewards=tensor(batch.rewards),
-            next_observations=tensor(batch.next_observations),
-            terminals=tensor(batch.terminals.astype(np.float32)),
-            timeouts=tensor(batch.timeouts.astype(np.float32)),
-            weights=tensor(batch.weights),
-        )
 
 
 class _Pool:
@@ -184,10 +150,6 @@ class MixtureSampler:
     def set_rng_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`rng_state`."""
         self._rng.bit_generator.state = state
-
-    def sample_torch(self, device: str | torch.device = "cpu") -> TorchBatch:
-        """One minibatch converted with :meth:`TorchBatch.from_batch`."""
-        return TorchBatch.from_batch(self.sample(), device)
 
 
 def _apportion(fractions: npt.NDArray[np.float64], total: int) -> list[int]:

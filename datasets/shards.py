@@ -15,6 +15,10 @@ A *shard set* is a directory of shards plus ``manifest.json`` (schema version, r
 xxh3-128 checksum of every file, the source dataset and the parameters that made it). Every
 write goes to a temporary name first and is renamed into place, so nothing half-written ever
 appears under a final name; every read verifies the checksum first.
+
+Shards written independently (one per rollout task) each normalise ``self_normalised_weight``
+over their own rows; a set whose manifest records :data:`POOLED_MEAN_WEIGHT` (the mean
+importance weight over all its shards) hands that column out normalised over the whole set.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import xxhash
 from offaug.datasets.atomic import atomic_path, json_default, staged_directory, write_json_atomic
 from offaug.datasets.errors import ChecksumError, DataError
 from offaug.datasets.transitions import ALL_FIELDS, REQUIRED_FIELDS, Transitions, concatenate
+from offaug.datasets.weights import self_normalised_weights
 
 SCHEMA_VERSION = 1
 """Version of the shard schema; bumped on any change a reader must know about."""
@@ -45,6 +50,8 @@ _BOOL_FIELDS = frozenset({"terminals", "timeouts"})
 _META_KEY = b"offaug.meta"
 _EXTRA_PREFIX = "extra:"
 _SCHEMA_KEY = b"offaug.schema_version"
+POOLED_MEAN_WEIGHT = "pooled_mean_weight"
+"""Manifest ``params`` key: the mean importance weight over every shard of the set."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +349,15 @@ class ShardSet:
         data = read_shard(ref.path, checksum=ref.checksum, verify=verify)
         if len(data) != ref.rows:
             raise DataError(f"has {len(data)} rows, the manifest says {ref.rows}", path=ref.path)
+        pooled_mean = self.params.get(POOLED_MEAN_WEIGHT)
+        if (
+            pooled_mean is not None
+            and data.importance_weight is not None
+            and "self_normalised_weight" in data.extras
+        ):
+            normalised = self_normalised_weights(data.importance_weight, pooled_mean)
+            extras = {**data.extras, "self_normalised_weight": normalised.astype(np.float32)}
+            data = dataclasses.replace(data, extras=extras)
         return data
 
     def load(self, *, verify: bool = True) -> Transitions:

@@ -1,4 +1,5 @@
-"""Importance-weight statistics: the one home of the effective sample size.
+"""Importance-weight statistics: the one home of the effective sample size and of
+self-normalisation.
 
 Rollouts, model rollouts, diagnostics and publishing all summarise weights with these
 functions (numpy only, so the data layer can use them too).
@@ -33,3 +34,18 @@ def effective_sample_size_from_logs(log_weights: npt.ArrayLike) -> float:
     if x.size == 0:
         return 0.0
     return float(np.exp(2 * np.logaddexp.reduce(x) - np.logaddexp.reduce(2 * x)))
+
+
+def self_normalised_weights(
+    weights: npt.ArrayLike, mean_weight: float | None = None
+) -> npt.NDArray[np.float64]:
+    """``w / mean(w)``: weights whose mean is 1 over the data that ``mean_weight`` pools.
+
+    ``mean_weight`` defaults to the mean of ``weights`` themselves; a shard set passes the mean
+    over all its shards, so that every shard is normalised by the same constant.
+    """
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.size == 0:
+        return w
+    mean = float(w.mean()) if mean_weight is None else float(mean_weight)
+    return w / max(mean, 1e-300)

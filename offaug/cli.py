@@ -13,7 +13,6 @@ not use.
 
 from __future__ import annotations
 
-import shutil
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -204,57 +203,52 @@ def rollout_command(
 ) -> None:
     """Roll the BC policy out with noise; every transition carries its importance weight."""
     from offaug.pipeline.noise import NoiseSpecError, parse_noise
-    from offaug.pipeline.rollout import (
-        RolloutConfig,
-        RolloutError,
-        merge_rollout_shards,
-        run_rollout_task,
-        split_tasks,
-    )
+    from offaug.pipeline.rollout import RolloutConfig, RolloutError
+    from offaug.pipeline.rollout_tasks import rollout_to_shard_set
 
     try:
-        parse_noise(noise)
+        spec = parse_noise(noise)
     except NoiseSpecError as exc:
         err_console.print(f"[bold red]error:[/] --noise {noise!r}: {exc}")
         raise typer.Exit(code=2) from exc
     if out.exists() and not overwrite:
         err_console.print(f"[bold red]error:[/] {out} exists; pass --overwrite to replace it")
         raise typer.Exit(code=2)
-    staging = out.with_name(f".{out.name}.staging")
-    shutil.rmtree(staging, ignore_errors=True)
     config = RolloutConfig(
         episodes=episodes,
         n_envs=envs,
-        noise=noise,
+        noise=spec,
         seed=seed,
         max_weight=max_weight,
         start=start.value,
         max_episode_steps=max_episode_steps,
     )
-    jobs = split_tasks(source, str(policy), config, staging, tasks, env_id=env)
-    results = []
     with console.status("rolling out") as status:
-        for job in jobs:
-            status.update(f"rollout task {job.task_index + 1}/{len(jobs)}")
-            try:
-                results.append(guard(lambda job=job: run_rollout_task(job)))  # type: ignore[misc]
-            except (RolloutError, TypeError) as exc:
-                shutil.rmtree(staging, ignore_errors=True)
-                err_console.print(f"[bold red]error:[/] rollout task {job.task_index}: {exc}")
-                raise typer.Exit(code=1) from exc
-    shard_set = merge_rollout_shards(
-        staging, results, {"noise": noise, "max_weight": max_weight, "episodes": episodes}
-    )
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
+        try:
+            outcome = guard(
+                lambda: rollout_to_shard_set(
+                    source,
+                    policy,
+                    config,
+                    out,
+                    tasks=tasks,
+                    env_id=env,
+                    overwrite=overwrite,
+                    on_task=lambda job, total: status.update(
+                        f"rollout task {job.task_index + 1}/{total}"
+                    ),
+                )
+            )
+        except (RolloutError, NoiseSpecError, TypeError) as exc:
+            err_console.print(f"[bold red]error:[/] rollout: {exc}")
+            raise typer.Exit(code=1) from exc
+    shard_set = outcome.shard_set
     stats = shard_set.params["weight_stats"]
-    faults = sum(r.faults for r in results)
     console.print(
         f"wrote {shard_set.episodes} episodes, {shard_set.rows} transitions in "
-        f"{len(results)} shard(s) to {out}; ESS/N {stats['ess_fraction']:.3f}, "
+        f"{len(shard_set.shards)} shard(s) to {out}; ESS/N {stats['ess_fraction']:.3f}, "
         f"clipped {stats['clipped_fraction']:.3f}, max weight {stats['max_weight']:.3g}, "
-        f"{faults} fault(s)"
+        f"{outcome.faults} fault(s)"
     )
 
 

@@ -6,15 +6,19 @@ networks predicts a Gaussian over (next-state difference, reward) and a terminat
 bootstrap draws of the data. Rollouts of horizon H start from dataset states: at each step the
 BC policy plus noise picks actions (with the same log-probabilities as simulator rollouts), a
 random member predicts the step, and the reward is penalised by the ensemble's uncertainty,
-``r - lambda * max_k ||sigma_k(s, a)||`` (MOPO's max-aleatoric penalty). States are kept within
-the dataset's bounds: a rollout that leaves them (beyond a margin) or produces NaN stops there
-as truncated.
+``r - lambda * max_k ||sigma_k(s, a)||`` (MOPO's max-aleatoric penalty).
+
+States are kept within the dataset's bounds: a step whose predicted next state leaves them
+(beyond a margin) or is NaN is dropped, and its rollout ends at the step before, as truncated.
+The dropped step is the model extrapolating where it has no data; clipping its next state onto
+the bounds and bootstrapping from there would give the learner a state the model never
+predicted. The weight columns are those of simulator rollouts
+(:func:`offaug.pipeline.behaviour.weight_columns`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,11 +28,19 @@ import numpy.typing as npt
 import torch
 from torch.nn import functional as F
 
-from offaug.algorithms.base import adam, to_tensor, weighted_mean
+from offaug.algorithms.base import (
+    Spaces,
+    adam,
+    config_from_json,
+    load_checkpoint,
+    save_checkpoint,
+    to_tensor,
+    weighted_mean,
+)
 from offaug.algorithms.networks import EnsembleMLP
 from offaug.datasets.transitions import Source, Transitions
-from offaug.pipeline.noise import ContinuousNoise, parse_noise, truncnorm_log_prob
-from offaug.pipeline.rollout import RolloutPolicy, weight_statistics
+from offaug.pipeline.behaviour import RolloutPolicy, policy_step, weight_columns
+from offaug.pipeline.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,8 +245,6 @@ def train_dynamics(
 
 def save_dynamics(model: DynamicsEnsemble, path: str | Path) -> Path:
     """Write the ensemble as a checkpoint that loads without pickle."""
-    from offaug.algorithms.base import Spaces, save_checkpoint
-
     spaces = Spaces(model.observation_dim, model.action_dim)
     return save_checkpoint(
         path, algorithm="dynamics", config=model.config, spaces=spaces, state=model.state_dict()
@@ -243,8 +253,6 @@ def save_dynamics(model: DynamicsEnsemble, path: str | Path) -> Path:
 
 def load_dynamics(path: str | Path) -> DynamicsEnsemble:
     """Load :func:`save_dynamics`'s checkpoint."""
-    from offaug.algorithms.base import config_from_json, load_checkpoint
-
     checkpoint = load_checkpoint(path)
     if checkpoint.algorithm != "dynamics":
         raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint, not a dynamics model")
@@ -262,7 +270,7 @@ def model_rollout(
     policy: RolloutPolicy,
     start_observations: npt.NDArray[np.float32],
     *,
-    noise: str = "gaussian:0.1",
+    noise: NoiseSpec = DEFAULT_NOISE,
     max_weight: float = 100.0,
     meta: Mapping[str, Any] | None = None,
 ) -> Transitions:
@@ -272,10 +280,9 @@ def model_rollout(
     generator = torch.Generator().manual_seed(config.seed)
     n = len(start_observations)
     horizon = config.horizon
-    low = model.stats["observation_low"]
-    high = model.stats["observation_high"]
-    margin = config.bounds_margin * (high - low)
-    noise_process = ContinuousNoise(parse_noise(noise), n, model.action_dim, rng)
+    low = (model.stats["observation_low"] - config.bounds_margin * _range(model)).numpy()
+    high = (model.stats["observation_high"] + config.bounds_margin * _range(model)).numpy()
+    noise_process = ContinuousNoise(noise, n, model.action_dim, rng)
     obs = to_tensor(start_observations, torch.device("cpu"))  # a copy: may be a read-only map
     alive = np.ones(n, dtype=bool)
     steps: list[dict[str, npt.NDArray[Any]]] = []
@@ -284,40 +291,42 @@ def model_rollout(
         mean, log_std = policy(observations)
         if log_std is None:
             raise ValueError("model rollouts need a continuous Gaussian policy")
-        actions, log_mu = noise_process.sample(mean)
-        log_beta = truncnorm_log_prob(actions, mean, np.exp(log_std))
-        env_actions = policy.to_env(actions).astype(np.float32)
+        chosen = policy_step(policy, noise_process, mean, log_std)
+        env_actions = np.asarray(chosen.env_actions, dtype=np.float32)
         member = torch.as_tensor(rng.integers(0, config.members, size=n))
         next_obs, rewards, terminals, uncertainty = model.step(
             obs, torch.as_tensor(env_actions), member, generator
         )
         next_np = next_obs.numpy()
-        finite = np.isfinite(next_np).all(1) & np.isfinite(rewards.numpy())
-        outside = ((next_np < (low - margin).numpy()) | (next_np > (high + margin).numpy())).any(1)
-        clipped = np.clip(next_np, (low - margin).numpy(), (high + margin).numpy())
         raw_reward = rewards.numpy()
-        penalty = config.penalty * uncertainty.numpy()
-        keep = alive & finite
+        finite = np.isfinite(next_np).all(1) & np.isfinite(raw_reward)
+        inside = ((next_np >= low) & (next_np <= high)).all(1)
+        keep = alive & finite & inside
         steps.append(
             {
                 "alive": keep,
                 "observations": observations,
                 "actions": env_actions,
-                "rewards": (raw_reward - penalty).astype(np.float32),
+                "rewards": (raw_reward - config.penalty * uncertainty.numpy()).astype(np.float32),
                 "raw_reward": raw_reward.astype(np.float32),
                 "uncertainty": uncertainty.numpy().astype(np.float32),
-                "next_observations": clipped.astype(np.float32),
+                "next_observations": next_np.astype(np.float32),
                 "terminals": terminals.numpy(),
-                "timeouts": outside | (t == horizon - 1) | ~finite,
-                "rollout_log_prob": log_mu + policy.log_abs_det,
-                "behaviour_log_prob": log_beta + policy.log_abs_det,
+                "timeouts": np.full(n, t == horizon - 1),
+                "rollout_log_prob": chosen.rollout_log_prob,
+                "behaviour_log_prob": chosen.behaviour_log_prob,
             }
         )
-        alive = keep & ~terminals.numpy() & ~outside
-        obs = torch.as_tensor(np.where(np.isfinite(clipped), clipped, 0.0).astype(np.float32))
+        alive = keep & ~terminals.numpy()
+        # Rollouts that ended keep stepping (batched) from a finite stand-in; none of it is kept.
+        obs = torch.as_tensor(np.where(keep[:, None], next_np, observations).astype(np.float32))
         if not alive.any():
             break
     return _assemble(steps, n, max_weight, meta)
+
+
+def _range(model: DynamicsEnsemble) -> torch.Tensor:
+    return model.stats["observation_high"] - model.stats["observation_low"]
 
 
 def _assemble(
@@ -328,7 +337,8 @@ def _assemble(
 ) -> Transitions:
     # Reorder step-major records into episode-major rows (one model rollout = one episode).
     alive = np.stack([s["alive"] for s in steps], 1)  # (n, T)
-    # A rollout whose next step is dropped (NaN) ends at its last kept step, as truncated.
+    # A rollout whose next step is dropped (NaN, out of bounds) ends at its last kept step, as
+    # truncated.
     for t in range(alive.shape[1] - 1):
         ended = alive[:, t] & ~alive[:, t + 1]
         steps[t]["timeouts"] = steps[t]["timeouts"] | ended
@@ -338,16 +348,13 @@ def _assemble(
         stacked = np.stack([s[key] for s in steps], 1)  # (n, T, ...)
         return stacked[rows_episode, rows_time]
 
-    log_ratio = gather("behaviour_log_prob") - gather("rollout_log_prob")
-    weights = np.exp(np.minimum(log_ratio, math.log(max_weight)))
     lengths = alive.sum(1)
     lengths = lengths[lengths > 0]
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    cumulative = np.cumsum(log_ratio)
-    cumulative_log_ratio = cumulative - np.repeat(cumulative[starts] - log_ratio[starts], lengths)
+    weights = weight_columns(
+        gather("behaviour_log_prob"), gather("rollout_log_prob"), lengths, max_weight
+    )
     timeouts = gather("timeouts").astype(bool)
     terminals = gather("terminals").astype(bool)
-    stats = weight_statistics(weights, log_ratio, max_weight)
     return Transitions(
         observations=gather("observations").astype(np.float32),
         actions=gather("actions").astype(np.float32),
@@ -358,20 +365,17 @@ def _assemble(
         episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
         rollout_log_prob=gather("rollout_log_prob").astype(np.float32),
         behaviour_log_prob=gather("behaviour_log_prob").astype(np.float32),
-        importance_weight=weights.astype(np.float32),
-        source=np.full(len(weights), Source.MODEL, dtype=np.int8),
+        importance_weight=weights.importance_weight,
+        source=np.full(int(lengths.sum()), Source.MODEL, dtype=np.int8),
         extras={
             "raw_reward": gather("raw_reward"),
             "model_uncertainty": gather("uncertainty"),
-            "cumulative_log_ratio": cumulative_log_ratio.astype(np.float32),
-            "per_decision_weight": np.exp(
-                np.minimum(cumulative_log_ratio, math.log(max_weight))
-            ).astype(np.float32),
+            **weights.extras,
         },
         meta={
             **dict(meta or {}),
             "format": "offaug-model-rollout",
-            "weight_stats": stats,
+            "weight_stats": weights.stats,
             "rollouts": n,
         },
     )

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from offaug.datasets.shards import ShardRef
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
-from offaug.pipeline.rollout import RolloutShard
+from offaug.pipeline.rollout_tasks import RolloutShard
 
 RESULT_TYPES: dict[str, type[Any]] = {
     "DatasetRef": DatasetRef,

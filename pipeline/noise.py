@@ -12,11 +12,17 @@ sampled action comes with ``log mu(a | s, noise state)`` computed for how it was
 * ``uniform``: uniform on the box;
 * ``epsilon:EPS`` appended to a continuous base (``gaussian:0.1+epsilon:0.05``): with
   probability EPS a uniform action, else the base; the density is the mixture's. For discrete
-  actions ``epsilon:EPS`` alone is epsilon-greedy around the policy's argmax;
+  actions ``epsilon:EPS`` alone is epsilon-greedy around the policy's argmax, with EPS > 0 (at
+  0 the rollout policy is deterministic and has no density off its argmax);
 * mixtures ``0.7*gaussian:0.1+0.3*gaussian:0.3``: weights must sum to 1.
 
 Everything works in the normalised box ``[-1, 1]^d``; callers convert densities to the
-environment's box with the scaler's log-determinant.
+environment's box with the scaler's log-determinant. A noise centre far outside the box (an OU
+state that has drifted) is sampled and evaluated in the tail of the same truncated density, so
+the samples follow ``log mu`` however far the centre lies.
+
+A specification is parsed once, where it enters (the workflow schema, the CLI), and passed on
+as a :class:`NoiseSpec`; :attr:`NoiseSpec.text` is the string it came from.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special  # scipy's ndtr/ndtri are vectorised C
 
+from offaug.algorithms.truncated_normal import ArrayOps, truncated_normal_log_prob
+
 FloatArray = npt.NDArray[np.float64]
 ComponentKind = Literal["gaussian", "ou", "uniform"]
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class NoiseSpecError(ValueError):
@@ -64,6 +71,7 @@ class NoiseSpec:
     components: tuple[Component, ...] = ()
     epsilon: float = 0.0
     text: str = ""
+    """The specification as written (what a workflow or manifest stores)."""
 
     @property
     def has_ou(self) -> bool:
@@ -124,24 +132,64 @@ def parse_noise(text: str) -> NoiseSpec:
             components.append(_component(match.group(2), weight))
         else:
             components.append(_component(term, 1.0))
-    if len(components) > 1 and not math.isclose(
-        sum(c.weight for c in components), 1.0, abs_tol=1e-6
-    ):
-        raise NoiseSpecError(f"mixture weights sum to {sum(c.weight for c in components)}, not 1")
-    if len(components) == 1 and components[0].weight != 1.0:
-        components = [dataclasses.replace(components[0], weight=1.0)]
+    total = sum(c.weight for c in components)
+    if len(components) > 1 and not math.isclose(total, 1.0, abs_tol=1e-6):
+        raise NoiseSpecError(f"mixture weights sum to {total}, not 1")
     if any(c.weight < 0 for c in components):
         raise NoiseSpecError("mixture weights must be non-negative")
+    if len(components) == 1:
+        components = [dataclasses.replace(components[0], weight=1.0)]
+    else:
+        # Exactly 1 from here on: numpy's sampler refuses weights off by more than ~1e-8.
+        components = [dataclasses.replace(c, weight=c.weight / total) for c in components]
     return NoiseSpec(tuple(components), epsilon, text)
+
+
+DEFAULT_NOISE = parse_noise("gaussian:0.1")
+"""The default rollout noise: a truncated Gaussian of std 0.1 in normalised units."""
 
 
 def _truncnorm_sample(center: FloatArray, sigma: float, rng: np.random.Generator) -> FloatArray:
     # Inverse-CDF sampling of a normal truncated to [-1, 1]: exact and vectorised.
-    low = special.ndtr((-1.0 - center) / sigma)
-    high = special.ndtr((1.0 - center) / sigma)
+    lower = (-1.0 - center) / sigma
+    upper = (1.0 - center) / sigma
     u = rng.uniform(size=center.shape)
+    low, high = special.ndtr(lower), special.ndtr(upper)
     p = np.clip(low + u * (high - low), 1e-12, 1 - 1e-12)
-    return np.asarray(np.clip(center + sigma * special.ndtri(p), -1.0, 1.0), dtype=np.float64)
+    z = special.ndtri(p)
+    tail = (upper <= 0) | (lower >= 0)
+    if tail.any():
+        # The box lies wholly on one side of the centre: Phi(upper) - Phi(lower) cancels, so
+        # these rows are drawn in log space on the lower tail (a box above the centre mirrored).
+        mirrored = lower[tail] > 0
+        a = np.where(mirrored, -upper[tail], lower[tail])
+        b = np.where(mirrored, -lower[tail], upper[tail])
+        v = u[tail]
+        log_p = np.logaddexp(np.log1p(-v) + special.log_ndtr(a), np.log(v) + special.log_ndtr(b))
+        z_tail = np.clip(special.ndtri_exp(log_p), a, b)
+        z[tail] = np.where(mirrored, -z_tail, z_tail)
+    return np.asarray(np.clip(center + sigma * z, -1.0, 1.0), dtype=np.float64)
+
+
+def _clamp(values: FloatArray, low: float | None, high: float | None) -> FloatArray:
+    # np.maximum / np.minimum: np.clip's Python wrapper costs more than the whole small call.
+    if low is not None:
+        values = np.maximum(values, low)
+    if high is not None:
+        values = np.minimum(values, high)
+    return values
+
+
+NUMPY_OPS = ArrayOps(
+    exp=np.exp,
+    log=np.log,
+    log1p=np.log1p,
+    where=np.where,
+    ndtr=special.ndtr,
+    log_ndtr=special.log_ndtr,
+    clamp=_clamp,
+    any=lambda x: bool(x.any()),
+)
 
 
 def truncnorm_log_prob(
@@ -149,12 +197,12 @@ def truncnorm_log_prob(
 ) -> FloatArray:
     """Log-density of a normal truncated to ``[-1, 1]^d``, summed over the last axis.
 
-    ``sigma`` is a scalar or an array broadcasting against ``center`` (per-state std).
+    ``sigma`` is a scalar or an array broadcasting against ``center`` (per-state std). The
+    numpy evaluation of :func:`offaug.algorithms.truncated_normal.truncated_normal_log_prob`,
+    the formula the learners' torch density uses.
     """
-    z = (actions - center) / sigma
-    log_pdf = -0.5 * z**2 - np.log(sigma) - _LOG_SQRT_2PI
-    mass = special.ndtr((1.0 - center) / sigma) - special.ndtr((-1.0 - center) / sigma)
-    return np.asarray(np.sum(log_pdf - np.log(np.maximum(mass, 1e-300)), axis=-1), dtype=np.float64)
+    log_prob = truncated_normal_log_prob(NUMPY_OPS, actions, center, np.log(sigma))
+    return np.asarray(log_prob, dtype=np.float64)
 
 
 class ContinuousNoise:
@@ -183,19 +231,26 @@ class ContinuousNoise:
         """Zero the OU state of environments that start a new episode."""
         self.ou_state[np.asarray(env_indices, dtype=np.int64)] = 0.0
 
-    def _centers(self, mean: FloatArray) -> list[FloatArray]:
+    def _centers(self, mean: FloatArray, ou_state: FloatArray) -> list[FloatArray]:
         centers = []
         for component in self.spec.components:
             if component.kind == "ou":
-                centers.append(mean + (1.0 - component.theta) * self.ou_state)
+                centers.append(mean + (1.0 - component.theta) * ou_state)
             else:
                 centers.append(mean)
         return centers
 
-    def sample(self, mean: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Actions ``(n, d)`` in ``[-1, 1]`` around ``mean`` and ``log mu(a)`` ``(n,)``."""
+    def sample(
+        self, mean: FloatArray, rows: npt.NDArray[np.int64] | None = None
+    ) -> tuple[FloatArray, FloatArray]:
+        """Actions ``(n, d)`` in ``[-1, 1]`` around ``mean`` and ``log mu(a)`` ``(n,)``.
+
+        ``rows`` names the environments ``mean`` belongs to (default: all, in order); only
+        their OU states take part and advance.
+        """
         n = mean.shape[0]
-        centers = self._centers(mean)
+        ou_state = self.ou_state if rows is None else self.ou_state[rows]
+        centers = self._centers(mean, ou_state)
         components = self.spec.components
         if len(components) == 1:
             # The common case: no component draw, no mixture log-sum-exp.
@@ -207,27 +262,34 @@ class ContinuousNoise:
             choice = self.rng.choice(len(components), size=n, p=self._weights)
             actions = np.empty_like(mean)
             for k, component in enumerate(components):
-                rows = np.equal(choice, k)
-                if not rows.any():
+                picked = np.equal(choice, k)
+                if not picked.any():
                     continue
                 if component.kind == "uniform":
-                    size = (int(rows.sum()), self.action_dim)
-                    actions[rows] = self.rng.uniform(-1.0, 1.0, size=size)
+                    size = (int(picked.sum()), self.action_dim)
+                    actions[picked] = self.rng.uniform(-1.0, 1.0, size=size)
                 else:
-                    actions[rows] = _truncnorm_sample(centers[k][rows], component.sigma, self.rng)
+                    center = centers[k][picked]
+                    actions[picked] = _truncnorm_sample(center, component.sigma, self.rng)
         if self.spec.epsilon > 0:
             explore = np.less(self.rng.uniform(size=n), self.spec.epsilon)
             size = (int(explore.sum()), self.action_dim)
             actions[explore] = self.rng.uniform(-1.0, 1.0, size=size)
         log_prob = self.log_prob(actions, mean, centers)
-        self._advance_ou(actions, mean)
+        if self.spec.has_ou:
+            # The OU state follows the realised deviation from the mean action, so the next
+            # conditional density is centred where the process actually is.
+            if rows is None:
+                self.ou_state = actions - mean
+            else:
+                self.ou_state[rows] = actions - mean
         return actions, log_prob
 
     def log_prob(
         self, actions: FloatArray, mean: FloatArray, centers: list[FloatArray] | None = None
     ) -> FloatArray:
         """``log mu(a | mean, OU state)`` of the mixture, before the OU state advances."""
-        centers = self._centers(mean) if centers is None else centers
+        centers = self._centers(mean, self.ou_state) if centers is None else centers
         n = actions.shape[0]
         per_component = []
         for component, center in zip(self.spec.components, centers, strict=True):
@@ -248,12 +310,6 @@ class ContinuousNoise:
         mixed = np.logaddexp(math.log1p(-epsilon) + log_base, math.log(epsilon) + self._log_uniform)
         return np.asarray(mixed, dtype=np.float64)
 
-    def _advance_ou(self, actions: FloatArray, mean: FloatArray) -> None:
-        # The OU state follows the realised deviation from the mean action, so the next
-        # conditional density is centred where the process actually is.
-        if self.spec.has_ou:
-            self.ou_state = actions - mean
-
 
 class DiscreteNoise:
     """Epsilon-greedy around a discrete policy's argmax, with exact log-probabilities."""
@@ -261,6 +317,12 @@ class DiscreteNoise:
     def __init__(self, spec: NoiseSpec, n_actions: int, rng: np.random.Generator) -> None:
         if spec.components:
             raise NoiseSpecError(f"discrete actions take 'epsilon:EPS' only, not {spec.text!r}")
+        if spec.epsilon <= 0:
+            raise NoiseSpecError(
+                f"{spec.text!r}: with epsilon 0 the discrete rollout policy is deterministic (all"
+                " its mass on the argmax), so beta_hat/mu has no density elsewhere; use"
+                " epsilon:EPS with EPS > 0, e.g. epsilon:0.1"
+            )
         self.epsilon = spec.epsilon
         self.n_actions = n_actions
         self.rng = rng

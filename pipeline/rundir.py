@@ -30,7 +30,7 @@ from offaug.datasets.sources import cache_key, resolve_source
 from offaug.datasets.transitions import SIMULATOR_STATE_KEYS
 from offaug.pipeline.keys import from_json, to_json
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
-from offaug.pipeline.rollout import RolloutShard
+from offaug.pipeline.rollout_tasks import RolloutShard
 from offaug.pipeline.workflow import Workflow, load_workflow
 
 T = TypeVar("T")

@@ -29,9 +29,10 @@ from offaug.datasets.sources import cache_key, load_transitions, resolve_source
 from offaug.datasets.transitions import SIMULATOR_STATE_KEYS, SPACE_META_KEYS
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.media_stages import media_metrics
-from offaug.pipeline.rollout import (
-    RolloutConfig,
+from offaug.pipeline.rollout import RolloutConfig
+from offaug.pipeline.rollout_tasks import (
     RolloutShard,
+    RolloutTask,
     merge_rollout_shards,
     run_rollout_task,
     split_tasks,
@@ -151,7 +152,7 @@ def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> Mo
 
 def rollout_tasks(
     data: DatasetRef, bc: ModelRef, config: RolloutModel, out: str, seed: int
-) -> list[Any]:
+) -> list[RolloutTask]:
     """The rollout stage's tasks (references only), one shard each."""
     start = config.start if data.has_simulator_state else "reset"
     rollout_config = RolloutConfig(
@@ -207,11 +208,12 @@ def model_rollout_task(
     seed: int,
 ) -> RolloutShard:
     """One task of model rollouts from random dataset states, written as one shard."""
+    # torch comes with these: imported when the task runs, not when a worker unpickles stages.
     from offaug.algorithms.train import load_trainer
     from offaug.datasets.shards import write_shard
     from offaug.datasets.sources import load_transitions
     from offaug.pipeline.dynamics import load_dynamics, model_rollout
-    from offaug.pipeline.rollout import BCRolloutPolicy
+    from offaug.pipeline.policies import BCRolloutPolicy
 
     original = load_transitions(data.source)
     model = load_dynamics(dynamics.path)
@@ -228,7 +230,7 @@ def model_rollout_task(
             "policy": bc.path,
             "policy_checkpoint_xxh3": bc.checksum,
             "dynamics": dynamics.path,
-            "noise": config.noise,
+            "noise": config.noise.text,
             "seed": seed,
             "task_index": task_index,
         },
@@ -256,7 +258,7 @@ def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) 
         out,
         results,
         {
-            "noise": config.noise,
+            "noise": config.noise.text,
             "max_weight": config.max_weight,
             "backend": config.backend,
             "episodes": config.episodes,

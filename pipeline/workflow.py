@@ -13,23 +13,46 @@ import json
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
     TypeAdapter,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from offaug.pipeline.noise import NoiseSpecError, parse_noise
+from offaug.pipeline.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
 
 Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq"]
+
+
+def _noise_spec(value: Any) -> NoiseSpec:
+    if isinstance(value, NoiseSpec):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"noise is a string such as 'gaussian:0.1', not {value!r}")
+    try:
+        return parse_noise(value)
+    except NoiseSpecError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+Noise = Annotated[
+    NoiseSpec,
+    PlainValidator(_noise_spec),
+    PlainSerializer(lambda spec: spec.text, return_type=str),
+    WithJsonSchema({"type": "string"}),
+]
+"""A noise specification: parsed once at validation, written back as the text it came from."""
 
 
 class _Strict(BaseModel):
@@ -92,8 +115,8 @@ class RolloutModel(_Strict):
     backend: Literal["simulator", "model"] = Field(
         "simulator", description="The dataset's simulator, or a learned dynamics ensemble."
     )
-    noise: str = Field(
-        "gaussian:0.1",
+    noise: Noise = Field(
+        DEFAULT_NOISE,
         description="gaussian:SIGMA, ou:SIGMA[:THETA], uniform, +epsilon:EPS, mixtures W*C+W*C.",
     )
     episodes: int = Field(100, gt=0, description="Episodes in total (simulator backend).")
@@ -114,15 +137,6 @@ class RolloutModel(_Strict):
         if self.backend == "simulator" and self.tasks > self.episodes:
             raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
         return self
-
-    @field_validator("noise")
-    @classmethod
-    def _noise_parses(cls, value: str) -> str:
-        try:
-            parse_noise(value)
-        except NoiseSpecError as exc:
-            raise ValueError(str(exc)) from exc
-        return value
 
 
 class TrainModel(_Strict):

@@ -12,23 +12,25 @@ import torch
 
 from offaug.algorithms import registry
 from offaug.algorithms.base import Spaces, spaces_from_transitions
+from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.bcq import (
     BCQ,
     BCQConfig,
-    DiscreteBCQ,
-    DiscreteBCQConfig,
     actor_loss,
-    allowed_actions,
-    constrained_greedy,
-    critic_loss,
-    discrete_bcq_loss,
     perturb,
     soft_clipped_double_q,
-    td_targets,
     vae_loss,
 )
+from offaug.algorithms.discrete_bcq import (
+    DiscreteBCQ,
+    DiscreteBCQConfig,
+    allowed_actions,
+    constrained_greedy,
+    discrete_bcq_loss,
+)
+from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.train import TrainOptions, load_trainer, train
-from offaug.datasets import MixtureSampler, TorchBatch, Transitions, load_transitions
+from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 SMALL = BCQConfig(
     actor_hidden=(32, 32), critic_hidden=(32, 32), vae_hidden=(32, 32), n_action_samples=10
@@ -63,7 +65,7 @@ def _spaces(data: Transitions) -> Spaces:
 
 def _batches(data: Transitions, n: int, seed: int = 0, size: int = 64) -> list[TorchBatch]:
     sampler = MixtureSampler([data], size, seed=seed)
-    return [sampler.sample_torch() for _ in range(n)]
+    return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]
 
 
 def _build(kind: type[BCQ] | type[DiscreteBCQ], spaces: Spaces, config: object, seed: int):
@@ -125,7 +127,7 @@ def _all_losses(x: dict[str, torch.Tensor], weights: torch.Tensor | None) -> lis
         vae.total,
         vae.reconstruction,
         vae.kl,
-        critic_loss(x["q"], x["targets"], weights),
+        ensemble_td_loss(x["q"], x["targets"], weights),
         actor_loss(x["q"][0], weights),
         discrete.total,
         discrete.td,
@@ -172,7 +174,7 @@ def test_soft_clipped_double_q_mixes_min_and_max_then_takes_the_best_candidate()
 def test_td_targets_bootstrap_through_timeouts_but_not_terminals() -> None:
     rewards = torch.tensor([1.0, 1.0])
     terminals = torch.tensor([1.0, 0.0])  # the second row may be a timeout: it still bootstraps
-    assert td_targets(rewards, terminals, torch.tensor([10.0, 10.0]), 0.5).tolist() == [1.0, 6.0]
+    assert td_target(rewards, terminals, torch.tensor([10.0, 10.0]), 0.5).tolist() == [1.0, 6.0]
 
 
 def test_perturbation_is_bounded_by_phi_and_the_box() -> None:

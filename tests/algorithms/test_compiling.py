@@ -17,6 +17,7 @@ import torch
 
 from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
+from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.compiling import CompileFallbackWarning, compile_trainer
 from offaug.algorithms.train import TrainOptions, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
@@ -38,7 +39,9 @@ def _bc(data: Transitions, policy: str = "gaussian", seed: int = 0) -> Any:
 
 def _losses(trainer: Any, data: Transitions, steps: int = 8) -> list[float]:
     sampler = MixtureSampler([data], 32, seed=0)
-    return [float(trainer.update(sampler.sample_torch())["loss"]) for _ in range(steps)]
+    return [
+        float(trainer.update(TorchBatch.from_batch(sampler.sample()))["loss"]) for _ in range(steps)
+    ]
 
 
 def _raising_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:

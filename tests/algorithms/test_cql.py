@@ -18,25 +18,23 @@ import torch
 
 from offaug.algorithms import registry
 from offaug.algorithms.base import Spaces, config_from_json, spaces_from_transitions
+from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.cql import (
     CQL,
     CQLConfig,
-    DiscreteCQL,
-    DiscreteCQLConfig,
-    _ensemble_values,
-    _squashed_gaussian,
-    actor_loss,
     alpha_loss,
     conservative_gap,
     conservative_penalty,
+)
+from offaug.algorithms.discrete_cql import (
+    DiscreteCQL,
+    DiscreteCQLConfig,
     discrete_conservative_loss,
     discrete_td_loss,
-    td_loss,
-    temperature_loss,
 )
-from offaug.algorithms.networks import CriticEnsemble, TanhGaussianActor
+from offaug.algorithms.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
 from offaug.algorithms.train import TrainOptions, load_trainer, train
-from offaug.datasets import MixtureSampler, TorchBatch, Transitions, load_transitions
+from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4}
 
@@ -72,7 +70,7 @@ def _cql(data: Transitions, seed: int = 0, **overrides: object) -> CQL:
 
 def _batches(data: Transitions, n: int, size: int = 64, seed: int = 0) -> list[TorchBatch]:
     sampler = MixtureSampler([data], size, seed=seed)
-    return [sampler.sample_torch() for _ in range(n)]
+    return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]
 
 
 def _tensors(state: object) -> list[torch.Tensor]:
@@ -119,41 +117,6 @@ def test_backup_choices_are_exclusive_and_json_round_trips() -> None:
 # -- pieces against their references ---------------------------------------------------------
 
 
-def test_squashed_gaussian_matches_the_actor() -> None:
-    torch.manual_seed(0)
-    actor = TanhGaussianActor(5, 3, (16, 16))
-    obs = torch.randn(7, 5)
-    torch.manual_seed(1)
-    expected = actor(obs)
-    torch.manual_seed(1)
-    noise = torch.randn(1, 7, 3)
-    mean, log_std = actor._mean_log_std(obs)
-    actions, log_prob = _squashed_gaussian(mean, log_std, noise)
-    torch.testing.assert_close(actions[0], expected.actions)
-    torch.testing.assert_close(log_prob[0], expected.log_prob)
-
-
-@pytest.mark.parametrize("batched", [False, True], ids=["per-member-blocks", "batched"])
-def test_ensemble_values_match_the_critic_module_and_freeze_weights(batched: bool) -> None:
-    torch.manual_seed(0)
-    critic = CriticEnsemble(5, 2, (16, 16), members=3)
-    obs, actions = torch.randn(5000, 5), torch.rand(5000, 2) * 2 - 1  # several CPU blocks
-    values = _ensemble_values(critic, obs, actions, batched=batched)
-    torch.testing.assert_close(values, critic(obs, actions))
-    values.sum().backward()
-    gradients = [p.grad for p in critic.parameters()]
-    critic.zero_grad()
-    critic(obs, actions).sum().backward()
-    for got, expected in zip(gradients, [p.grad for p in critic.parameters()], strict=True):
-        assert got is not None and expected is not None
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # sums of 5000 rows
-    critic.zero_grad(set_to_none=True)
-    actions.requires_grad_(True)
-    _ensemble_values(critic, obs, actions, frozen=True, batched=batched).sum().backward()
-    assert actions.grad is not None
-    assert all(p.grad is None for p in critic.parameters())
-
-
 def test_conservative_gap_is_the_importance_sampled_logsumexp() -> None:
     q_data = torch.tensor([[1.0, 2.0]])  # (E=1, B=2)
     q_sampled = torch.tensor([[[0.0, 1.0], [2.0, 3.0]]])  # (E=1, S=2, B=2)
@@ -188,12 +151,12 @@ def test_pure_losses_with_all_ones_weights_equal_the_unweighted_losses() -> None
     log_param = torch.tensor(0.3)
     gap = conservative_gap(q_data, q_sampled, log_density)
     pairs = [
-        (td_loss(q_data, target, None), td_loss(q_data, target, ones)),
+        (ensemble_td_loss(q_data, target, None), ensemble_td_loss(q_data, target, ones)),
         (conservative_penalty(gap, None, 5.0, 10.0), conservative_penalty(gap, ones, 5.0, 10.0)),
         (alpha_loss(log_param, gap, None, 5.0, 10.0), alpha_loss(log_param, gap, ones, 5.0, 10.0)),
         (
-            actor_loss(q_data, log_prob, log_param, None),
-            actor_loss(q_data, log_prob, log_param, ones),
+            soft_actor_loss(q_data, log_prob, log_param, None),
+            soft_actor_loss(q_data, log_prob, log_param, ones),
         ),
         (
             temperature_loss(log_param, log_prob, -3.0, None),
@@ -218,7 +181,8 @@ def test_weights_reweight_both_td_and_conservative_terms_per_sample() -> None:
     weights = torch.cat([torch.full((b // 2,), 2.0), torch.zeros(b // 2)])
     half = slice(0, b // 2)
     torch.testing.assert_close(
-        td_loss(q_data, target, weights), td_loss(q_data[:, half], target[half], None)
+        ensemble_td_loss(q_data, target, weights),
+        ensemble_td_loss(q_data[:, half], target[half], None),
     )
     gap = conservative_gap(q_data, q_sampled, log_density)
     torch.testing.assert_close(
@@ -311,7 +275,7 @@ def test_conservative_penalty_pushes_random_actions_below_data_actions(make_test
         )
         sampler = MixtureSampler([data], 64, seed=0)
         for _ in range(200):
-            trainer.update(sampler.sample_torch())
+            trainer.update(TorchBatch.from_batch(sampler.sample()))
         margins[weight] = _q_data_minus_random(trainer, data)
     # Measured margins: about 0.0 without the penalty and 4 to 7 with it (seeds 0 to 3).
     assert abs(margins[0.0]) < 0.5

@@ -14,19 +14,13 @@ import pytest
 import torch
 
 from offaug.algorithms.base import Spaces, load_checkpoint, save_checkpoint
+from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import evaluate, make_env
 from offaug.algorithms.levels import LEVEL_FILE, POLICY_FILE, make_level_dataset
-from offaug.algorithms.sac import (
-    SAC,
-    ReplayBuffer,
-    SACConfig,
-    actor_loss,
-    critic_loss,
-    soft_td_target,
-    temperature_loss,
-    train_online,
-)
-from offaug.datasets import TorchBatch, load_transitions
+from offaug.algorithms.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
+from offaug.algorithms.online import ReplayBuffer, train_online
+from offaug.algorithms.sac import SAC, SACConfig, soft_td_target
+from offaug.datasets import load_transitions
 
 SPACES = Spaces(5, 2, action_low=(-2.0, -0.5), action_high=(2.0, 0.5))
 SMALL = SACConfig(hidden=(32, 32), batch_size=32)
@@ -60,7 +54,7 @@ def _filled_buffer(rows: int = 200, seed: int = 0) -> ReplayBuffer:
 def _batches(n: int, seed: int = 0) -> list[TorchBatch]:
     buffer = _filled_buffer(seed=seed)
     rng = np.random.default_rng(seed)
-    return [buffer.sample_torch(SMALL.batch_size, rng) for _ in range(n)]
+    return [TorchBatch.from_batch(buffer.sample(SMALL.batch_size, rng)) for _ in range(n)]
 
 
 def _build(seed: int, config: SACConfig = SMALL) -> SAC:
@@ -139,8 +133,11 @@ def test_all_ones_weights_equal_the_unweighted_losses() -> None:
     temperature, log_temperature = torch.tensor([0.3]), torch.tensor([-1.2])
     ones = torch.ones(8)
     pairs = [
-        (critic_loss(q, targets, None), critic_loss(q, targets, ones)),
-        (actor_loss(q, log_prob, temperature, None), actor_loss(q, log_prob, temperature, ones)),
+        (ensemble_td_loss(q, targets, None), ensemble_td_loss(q, targets, ones)),
+        (
+            soft_actor_loss(q, log_prob, temperature, None),
+            soft_actor_loss(q, log_prob, temperature, ones),
+        ),
         (
             temperature_loss(log_temperature, log_prob, -2.0, None),
             temperature_loss(log_temperature, log_prob, -2.0, ones),
@@ -199,7 +196,7 @@ def test_replay_buffer_is_a_fifo_and_yields_torch_batches() -> None:
     assert len(buffer) == 4 and buffer.added == 6
     # Rows 0 and 1 were overwritten by transitions 4 and 5.
     assert sorted(buffer.rewards.tolist()) == [2.0, 3.0, 4.0, 5.0]
-    batch = buffer.sample_torch(64, np.random.default_rng(0))
+    batch = TorchBatch.from_batch(buffer.sample(64, np.random.default_rng(0)))
     assert isinstance(batch, TorchBatch)
     assert batch.observations.shape == (64, 1) and batch.rewards.shape == (64,)
     assert set(batch.rewards.tolist()) <= {2.0, 3.0, 4.0, 5.0}

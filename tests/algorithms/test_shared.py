@@ -16,6 +16,7 @@ import torch
 
 from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
+from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.train import TrainOptions, load_trainer, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
@@ -48,7 +49,7 @@ def _build(name: str, data: Transitions, seed: int = 0):
 
 def _batches(data: Transitions, n: int, seed: int = 0):
     sampler = MixtureSampler([data], 32, seed=seed)
-    return [sampler.sample_torch() for _ in range(n)]
+    return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]
 
 
 def _parameters(trainer) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""MixtureSampler: uniform rows, mixing ratios, weights, shard sets and the torch batch."""
+"""MixtureSampler: uniform rows, mixing ratios, weights and shard sets."""
 
 from __future__ import annotations
 
@@ -6,13 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from offaug.datasets import (
     DataError,
     MixtureSampler,
     ShardSet,
-    TorchBatch,
     Transitions,
     write_shard_set,
 )
@@ -87,14 +85,6 @@ def test_samples_from_a_multi_shard_memory_mapped_set(make_test_dataset, tmp_pat
         i = rows[obs.tobytes()]
         np.testing.assert_array_equal(next_obs, data.next_observations[i])
         assert reward == data.rewards[i]
-
-
-def test_torch_batch_is_the_one_conversion() -> None:
-    batch = MixtureSampler([_tagged(20, 2.0)], 8).sample()
-    tensors = TorchBatch.from_batch(batch)
-    assert tensors.observations.dtype == torch.float32 and tensors.observations.shape == (8, 3)
-    assert tensors.terminals.dtype == torch.float32
-    assert torch.equal(tensors.rewards, torch.from_numpy(batch.rewards))
 
 
 @pytest.mark.parametrize("mixing", [[1.0], [-1.0, 2.0], [0.0, 0.0]])

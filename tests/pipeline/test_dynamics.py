@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from offaug.pipeline.dynamics import (
     save_dynamics,
     train_dynamics,
 )
+from offaug.pipeline.noise import parse_noise
 from tests.pipeline.test_rollout import KnownHopperPolicy
 
 CONFIG = DynamicsConfig(members=4, hidden=(64, 64), steps=250, horizon=5, seed=0)
@@ -47,7 +49,7 @@ def test_model_beats_predicting_no_change(trained) -> None:
 def test_rollouts_have_horizon_bounds_and_penalties(trained) -> None:
     data, model = trained
     starts = np.array(data.observations[::7])
-    out = model_rollout(model, KnownHopperPolicy(), starts, noise="gaussian:0.2")
+    out = model_rollout(model, KnownHopperPolicy(), starts, noise=parse_noise("gaussian:0.2"))
     assert out.num_episodes == len(starts)
     stats = dataset_statistics(data)
     margin = CONFIG.bounds_margin * (stats["observation_high"] - stats["observation_low"])
@@ -83,3 +85,46 @@ def test_discrete_actions_are_refused(make_test_dataset) -> None:
     data = load_transitions(make_test_dataset("cartpole", "hdf5").dataset_id)
     with pytest.raises(ValueError, match="continuous"):
         train_dynamics(data, CONFIG)
+
+
+def test_a_step_that_leaves_the_bounds_is_dropped_not_clipped(trained) -> None:
+    data, model = trained
+    # Narrow bounds: many model steps leave them.
+    stats = dataset_statistics(data)
+    middle = (stats["observation_low"] + stats["observation_high"]) / 2
+    half = 0.2 * (stats["observation_high"] - stats["observation_low"])
+    narrow = copy.copy(model)  # shares the networks, not the statistics
+    narrow.stats = {
+        **model.stats,
+        "observation_low": torch.as_tensor(middle - half),
+        "observation_high": torch.as_tensor(middle + half),
+    }
+    starts = np.clip(np.array(data.observations[::7]), middle - half, middle + half)
+    out = model_rollout(narrow, KnownHopperPolicy(), starts, noise=parse_noise("gaussian:0.2"))
+    margin = CONFIG.bounds_margin * 2 * half
+    low, high = middle - half - margin, middle + half + margin
+    assert 0 < out.num_episodes < len(starts)  # some rollouts left the bounds at once
+    # No transition bootstraps from a state clipped onto the bounds' faces.
+    next_observations = out.next_observations.astype(np.float32)
+    on_face = (next_observations == low.astype(np.float32)) | (
+        next_observations == high.astype(np.float32)
+    )
+    assert not on_face.any()
+    assert ((next_observations >= low - 1e-5) & (next_observations <= high + 1e-5)).all()
+    for episode in out.iter_episodes():
+        assert episode.terminals[-1] or episode.timeouts[-1]
+        np.testing.assert_array_equal(episode.next_observations[:-1], episode.observations[1:])
+
+
+def test_model_rollouts_carry_self_normalised_weights(trained) -> None:
+    data, model = trained
+    out = model_rollout(
+        model,
+        KnownHopperPolicy(),
+        np.array(data.observations[::7]),
+        noise=parse_noise("gaussian:0.2"),
+    )
+    weights = out.importance_weight.astype(np.float64)
+    np.testing.assert_allclose(
+        out.extras["self_normalised_weight"], weights / weights.mean(), rtol=1e-5
+    )

@@ -90,3 +90,50 @@ def test_bad_specs_show_the_grammar(bad: str) -> None:
 def test_bare_epsilon_needs_a_continuous_base() -> None:
     with pytest.raises(NoiseSpecError, match="continuous base"):
         ContinuousNoise(parse_noise("epsilon:0.1"), 1, 1, np.random.default_rng(0))
+
+
+def test_a_centre_far_outside_the_box_samples_its_truncated_density() -> None:
+    from scipy import stats
+
+    n, sigma, theta = 20_000, 0.1, 0.5
+    noise = ContinuousNoise(parse_noise(f"ou:{sigma}:{theta}"), n, 1, np.random.default_rng(4))
+    noise.ou_state[:] = 4.0  # centre 0 + (1 - theta) * 4 = 2: ten sigmas above the box
+    actions, log_prob = noise.sample(np.zeros((n, 1)))
+    centre = 2.0
+    truth = stats.truncnorm((-1 - centre) / sigma, (1 - centre) / sigma, loc=centre, scale=sigma)
+    assert np.mean(actions >= 1.0) < 1e-3
+    assert abs(actions.mean() - truth.mean()) < 5 * truth.std() / np.sqrt(n)
+    np.testing.assert_allclose(log_prob, truth.logpdf(actions[:, 0]), rtol=1e-6, atol=1e-6)
+    # -E[log mu] is the entropy; with every sample on the bound it is off by about a nat.
+    assert abs(-log_prob.mean() - truth.entropy()) < 0.05
+
+
+def test_mixture_weights_within_tolerance_are_renormalised_once() -> None:
+    spec = parse_noise("0.3333333*gaussian:0.1+0.6666666*gaussian:0.3")
+    assert sum(c.weight for c in spec.components) == pytest.approx(1.0, abs=1e-15)
+    noise = ContinuousNoise(spec, 1000, 2, np.random.default_rng(5))
+    actions, log_prob = noise.sample(np.zeros((1000, 2)))
+    assert np.isfinite(log_prob).all() and np.abs(actions).max() <= 1.0
+    assert spec.text == "0.3333333*gaussian:0.1+0.6666666*gaussian:0.3"
+
+
+def test_epsilon_zero_is_refused_for_discrete_actions() -> None:
+    with pytest.raises(NoiseSpecError, match="deterministic"):
+        DiscreteNoise(parse_noise("epsilon:0"), 4, np.random.default_rng(6))
+
+
+def test_the_workflow_holds_the_parsed_spec_and_writes_back_its_text(tmp_path) -> None:
+    import yaml
+
+    from offaug.pipeline.workflow import RolloutModel, WorkflowError, load_workflow
+
+    rollout = RolloutModel.model_validate({"noise": "0.7*gaussian:0.1+0.3*ou:0.2:0.3"})
+    assert rollout.noise == parse_noise("0.7*gaussian:0.1+0.3*ou:0.2:0.3")
+    assert rollout.model_dump(mode="json")["noise"] == "0.7*gaussian:0.1+0.3*ou:0.2:0.3"
+    assert RolloutModel.model_validate(rollout.model_dump(mode="json")) == rollout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump({"name": "x", "source": {"dataset": "a-v0"}, "rollout": {"noise": "lap"}})
+    )
+    with pytest.raises(WorkflowError, match=r"bad\.yaml:\d+: rollout\.noise: .*gaussian"):
+        load_workflow(bad)

@@ -13,7 +13,7 @@ import pytest
 
 from offaug.algorithms.evaluate import make_env
 from offaug.datasets import ShardSet, load_transitions
-from offaug.pipeline.noise import truncnorm_log_prob
+from offaug.pipeline.noise import parse_noise, truncnorm_log_prob
 from offaug.pipeline.rollout import (
     RolloutConfig,
     RolloutError,
@@ -53,7 +53,9 @@ def _expected_under_behaviour(observations: npt.NDArray[Any], f: Any) -> npt.NDA
 
 
 def test_importance_weights_recover_the_behaviour_expectation() -> None:
-    config = RolloutConfig(episodes=40, n_envs=20, noise="gaussian:0.6", seed=0, max_weight=1e9)
+    config = RolloutConfig(
+        episodes=40, n_envs=20, noise=parse_noise("gaussian:0.6"), seed=0, max_weight=1e9
+    )
     result = rollout(KnownGaussianPolicy(), lambda: gym.make("Pendulum-v1"), config)
     data = result.transitions
     f = np.square  # test function of the normalised action
@@ -72,7 +74,7 @@ def test_importance_weights_recover_the_behaviour_expectation() -> None:
 def test_episodes_are_exact_with_terminations_and_truncations(make_test_dataset) -> None:
     data = load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
     config = RolloutConfig(
-        episodes=12, n_envs=5, noise="gaussian:0.5", seed=1, max_episode_steps=15
+        episodes=12, n_envs=5, noise=parse_noise("gaussian:0.5"), seed=1, max_episode_steps=15
     )
     result = rollout(KnownHopperPolicy(), lambda: make_env(data.meta, max_episode_steps=15), config)
     out = result.transitions
@@ -144,7 +146,7 @@ class NaNEnv(gym.Wrapper):  # type: ignore[type-arg]
 
 @pytest.mark.parametrize("wrapper", [RaisingEnv, NaNEnv])
 def test_faulty_environments_are_counted_and_the_data_stays_clean(wrapper: Any) -> None:
-    config = RolloutConfig(episodes=10, n_envs=4, noise="gaussian:0.3", seed=2)
+    config = RolloutConfig(episodes=10, n_envs=4, noise=parse_noise("gaussian:0.3"), seed=2)
     result = rollout(
         KnownGaussianPolicy(), lambda: wrapper(gym.make("Pendulum-v1"), every=37), config
     )
@@ -179,7 +181,9 @@ def test_branching_from_dataset_states_reproduces_their_observations(make_test_d
     )
     states = dataset_start_states(data)
     assert states is not None
-    config = RolloutConfig(episodes=6, n_envs=3, noise="gaussian:0.2", seed=4, start="dataset")
+    config = RolloutConfig(
+        episodes=6, n_envs=3, noise=parse_noise("gaussian:0.2"), seed=4, start="dataset"
+    )
     result = rollout(KnownHopperPolicy(), lambda: make_env(data.meta), config, start_states=states)
     firsts = result.transitions.observations[result.transitions.episode_bounds()[:-1]]
     # Every episode's first observation is a dataset observation (the branch point).
@@ -200,7 +204,7 @@ def test_discrete_epsilon_greedy_rollout_records_log_probs(make_test_dataset) ->
 
         log_abs_det = 0.0
 
-    config = RolloutConfig(episodes=5, n_envs=5, noise="epsilon:0.2", seed=5)
+    config = RolloutConfig(episodes=5, n_envs=5, noise=parse_noise("epsilon:0.2"), seed=5)
     result = rollout(Greedy(), lambda: gym.make("CartPole-v1"), config)
     data = result.transitions
     assert data.actions.dtype == np.int64
@@ -210,7 +214,7 @@ def test_discrete_epsilon_greedy_rollout_records_log_probs(make_test_dataset) ->
 
 def test_bc_policy_rollout_to_shards(make_test_dataset, tmp_path: Path) -> None:
     from offaug.algorithms.train import TrainOptions, train
-    from offaug.pipeline.rollout import merge_rollout_shards, run_rollout_task, split_tasks
+    from offaug.pipeline.rollout_tasks import merge_rollout_shards, run_rollout_task, split_tasks
 
     made = make_test_dataset("hopper", "hdf5")
     run = train(
@@ -220,12 +224,12 @@ def test_bc_policy_rollout_to_shards(make_test_dataset, tmp_path: Path) -> None:
         config={"hidden": (32, 32)},
         options=TrainOptions(steps=30, eval_every=0, log_every=10, checkpoint_every=30),
     )
-    config = RolloutConfig(episodes=7, n_envs=3, noise="gaussian:0.2", seed=3)
+    config = RolloutConfig(episodes=7, n_envs=3, noise=parse_noise("gaussian:0.2"), seed=3)
     tasks = split_tasks(made.dataset_id, str(run.checkpoint), config, tmp_path / "aug", tasks=3)
     assert [t.config.episodes for t in tasks] == [3, 2, 2]
     results = [run_rollout_task(t) for t in tasks]
     shard_set = merge_rollout_shards(
-        tmp_path / "aug", results, {"noise": config.noise, "max_weight": config.max_weight}
+        tmp_path / "aug", results, {"noise": config.noise.text, "max_weight": config.max_weight}
     )
     assert isinstance(shard_set, ShardSet)
     assert shard_set.episodes == 7
@@ -233,3 +237,36 @@ def test_bc_policy_rollout_to_shards(make_test_dataset, tmp_path: Path) -> None:
     loaded = shard_set.load()
     assert loaded.importance_weight is not None and (loaded.source == 1).all()
     assert loaded.meta["provenance"]["policy_checkpoint_xxh3"]
+
+
+def test_self_normalised_weights_are_pooled_over_every_shard(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    from offaug.algorithms.train import TrainOptions, train
+    from offaug.pipeline.rollout_tasks import merge_rollout_shards, run_rollout_task, split_tasks
+
+    made = make_test_dataset("hopper", "hdf5")
+    run = train(
+        "bc",
+        [made.dataset_id],
+        tmp_path / "bc",
+        config={"hidden": (32, 32)},
+        options=TrainOptions(steps=30, eval_every=0, log_every=10, checkpoint_every=30),
+    )
+    config = RolloutConfig(
+        episodes=6, n_envs=2, noise=parse_noise("gaussian:0.3"), seed=7, max_weight=1e6
+    )
+    tasks = split_tasks(made.dataset_id, str(run.checkpoint), config, tmp_path / "aug", tasks=3)
+    shard_set = merge_rollout_shards(
+        tmp_path / "aug",
+        [run_rollout_task(t) for t in tasks],
+        {"noise": config.noise.text, "max_weight": config.max_weight},
+    )
+    parts = list(shard_set.iter_shards())
+    means = [float(np.mean(p.importance_weight.astype(np.float64))) for p in parts]
+    assert max(means) > 1.05 * min(means)  # the shards' own means differ
+    pooled = shard_set.load()
+    weights = pooled.importance_weight.astype(np.float64)
+    np.testing.assert_allclose(
+        pooled.extras["self_normalised_weight"], weights / weights.mean(), rtol=1e-5
+    )

@@ -19,12 +19,9 @@ from offaug.algorithms import registry
 from offaug.datasets import load_transitions
 from offaug.pipeline import diagnostics as diag
 from offaug.pipeline.layout import AugmentedRef, DatasetRef
-from offaug.pipeline.rollout import (
-    RolloutConfig,
-    merge_rollout_shards,
-    run_rollout_task,
-    split_tasks,
-)
+from offaug.pipeline.noise import parse_noise
+from offaug.pipeline.rollout import RolloutConfig
+from offaug.pipeline.rollout_tasks import merge_rollout_shards, run_rollout_task, split_tasks
 from tests.pipeline.diagnostics.helpers import (
     CONFIG,
     FAST,
@@ -66,12 +63,12 @@ def test_noise_augmented_data_has_low_ess_and_high_ood(hopper: Hopper, tmp_path:
 def test_run_diagnostics_writes_every_section(hopper: Hopper, tmp_path: Path) -> None:
     from offaug.pipeline.report import render_plots, write_report
 
-    config = RolloutConfig(episodes=4, n_envs=2, noise="gaussian:0.3", seed=0)
+    config = RolloutConfig(episodes=4, n_envs=2, noise=parse_noise("gaussian:0.3"), seed=0)
     tasks = split_tasks(hopper.ref.source, hopper.bc.path, config, tmp_path / "aug", 2)
     shard_set = merge_rollout_shards(
         tmp_path / "aug",
         [run_rollout_task(task) for task in tasks],
-        {"noise": config.noise, "max_weight": config.max_weight},
+        {"noise": config.noise.text, "max_weight": config.max_weight},
     )
     augmented = AugmentedRef(shard_set.directory, shard_set.rows, shard_set.episodes, 2, "", {}, 0)
     models = [dataclasses.replace(hopper.bc, name="bc-original")]
@@ -207,10 +204,10 @@ def test_discrete_actions(make_test_dataset, tmp_path: Path) -> None:
     if "discrete_cql" in registry.available():
         path = tmp_path / "discrete_cql-original" / "checkpoint.pt"
         models.append(checkpoint("discrete_cql", data, path, {"hidden": (32, 32)}))
-    config = RolloutConfig(episodes=4, n_envs=2, noise="epsilon:0.2", seed=0)
+    config = RolloutConfig(episodes=4, n_envs=2, noise=parse_noise("epsilon:0.2"), seed=0)
     tasks = split_tasks(ref.source, bc.path, config, tmp_path / "aug", 1)
     shard_set = merge_rollout_shards(
-        tmp_path / "aug", [run_rollout_task(t) for t in tasks], {"noise": config.noise}
+        tmp_path / "aug", [run_rollout_task(t) for t in tasks], {"noise": config.noise.text}
     )
     augmented = AugmentedRef(shard_set.directory, shard_set.rows, shard_set.episodes, 1, "", {}, 0)
     result = diag.run_diagnostics(

@@ -1,0 +1,178 @@
+"""Hand-written forward passes that beat the modules' own on the CPU, kept in one place.
+
+Every function here computes exactly what a module of :mod:`offaug.algorithms.networks` would
+on the same parameters (tests check each against its module); they differ only in how the work
+is laid out:
+
+* :func:`affine_mlp` and :func:`ensemble_mlp`: the hand-written MLP forwards, one row batch
+  (``addmm`` per layer, optional output buffers) or ``E`` members at once (``baddbmm`` per
+  layer, what :class:`EnsembleMLP` runs), ReLUs in place;
+* :func:`ensemble_values`: ``Q_e(s, a)`` of a :class:`CriticEnsemble`, member by member on
+  blocks of rows on the CPU (CQL's critic pass over ``(3n + 1) * B`` rows);
+* :func:`tiled_mlp`: an MLP of ``[state, extra]`` for ``n`` extras per state, with the state's
+  share of the first layer computed once (BCQ's candidate pass), writing into a
+  :class:`Workspace` of buffers reused between steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    # networks builds its ensembles on ensemble_mlp, so this module needs them for types only.
+    from offaug.algorithms.networks import MLP, CriticEnsemble, EnsembleMLP
+
+Affine = tuple[torch.Tensor, torch.Tensor]
+"""One affine layer as ``(weight (in, out), bias (out,))``: ``x @ weight + bias``."""
+
+CPU_BLOCK_ROWS = 2048
+"""Rows per matrix multiply when critics are evaluated on the CPU (see :func:`ensemble_values`)."""
+
+
+def mlp_affines(mlp: MLP) -> list[Affine]:
+    """The layers of an :class:`MLP` (``nn.Linear`` stores its weight as ``(out, in)``)."""
+    return [(layer.weight.t(), layer.bias) for layer in mlp.net if isinstance(layer, nn.Linear)]
+
+
+def ensemble_affines(net: EnsembleMLP, member: int) -> list[Affine]:
+    """The layers of one member of an :class:`EnsembleMLP` (weights ``(E, in, out)``)."""
+    return [(weight[member], bias[member, 0]) for weight, bias in net.affines()]
+
+
+def affine_mlp(
+    affines: Sequence[Affine],
+    hidden: torch.Tensor,
+    *,
+    relu_input: bool = False,
+    out: Callable[[int, int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """A ReLU MLP on ``(N, in)`` rows: ``addmm`` per layer, ReLU in place between layers.
+
+    ``relu_input`` applies the ReLU to ``hidden`` first (it is a hidden layer's output).
+    ``out(depth, width)`` gives the buffer each layer writes into (no autograd then); without
+    it every layer allocates. ReLUs run in place: a multiply's backward needs its input, not
+    its output, so no activation is allocated twice.
+    """
+    for depth, (weight, bias) in enumerate(affines):
+        if depth or relu_input:
+            hidden = hidden.relu_()
+        buffer = None if out is None else out(depth, weight.shape[1])
+        hidden = torch.addmm(bias, hidden, weight, out=buffer)
+    return hidden
+
+
+def ensemble_mlp(layers: Sequence[Affine], hidden: torch.Tensor) -> torch.Tensor:
+    """``E`` ReLU MLPs at once: ``(E, B, in) -> (E, B, out)``, one ``baddbmm`` per layer.
+
+    ``layers`` hold ``(weight (E, in, out), bias (E, 1, out))``. Each ReLU runs in place on
+    its multiply's fresh output.
+    """
+    last = len(layers) - 1
+    for depth, (weight, bias) in enumerate(layers):
+        hidden = torch.baddbmm(bias, hidden, weight)
+        if depth < last:
+            hidden = hidden.relu_()
+    return hidden
+
+
+def ensemble_values(
+    critic: CriticEnsemble,
+    observations: torch.Tensor,
+    actions: torch.Tensor,
+    *,
+    frozen: bool = False,
+    batched: bool | None = None,
+) -> torch.Tensor:
+    """``Q_e(s, a)`` of every critic: ``(N, obs), (N, act) -> (E, N)``, from ``critic``'s weights.
+
+    ``frozen`` records no gradient for the weights (the inputs keep theirs): an actor's loss
+    reaches the actor through the actions without touching the critics.
+
+    ``batched`` (the default off the CPU) runs the module's own forward, :func:`ensemble_mlp`:
+    the ``E`` critics as one batched multiply per layer. On the CPU the default applies the
+    same weights member by member (:func:`affine_mlp`) to blocks of at most
+    :data:`CPU_BLOCK_ROWS` rows, which is faster on CQL's thousands of rows a step, as a
+    block's activations stay in cache.
+    """
+    if batched is None:
+        batched = observations.device.type != "cpu"
+    inputs = torch.cat([observations, actions], dim=-1)  # (N, obs + act)
+    if batched:
+        layers = critic.net.affines()
+        if frozen:
+            layers = [(weight.detach(), bias.detach()) for weight, bias in layers]
+        expanded = inputs.unsqueeze(0).expand(critic.members, -1, -1)  # (N, in) -> (E, N, in)
+        return ensemble_mlp(layers, expanded).squeeze(-1)  # (E, N, 1) -> (E, N)
+    members = []
+    for member in range(critic.members):
+        affines = ensemble_affines(critic.net, member)
+        if frozen:
+            affines = [(weight.detach(), bias.detach()) for weight, bias in affines]
+        blocks = [affine_mlp(affines, block) for block in inputs.split(CPU_BLOCK_ROWS)]
+        members.append(torch.cat(blocks) if len(blocks) > 1 else blocks[0])
+    return torch.stack(members).squeeze(-1)  # (E, N, 1) -> (E, N)
+
+
+class Workspace:
+    """Output buffers of :func:`tiled_mlp`, kept between steps and keyed by name and shape.
+
+    Scoring ``n * B`` candidates makes about ten activations of ``n * B`` rows per step. On the
+    CPU, glibc hands large allocations back to the kernel and page-faults them in again on the
+    next step (a sizeable share of a small network's step), so the pass writes into these
+    buffers instead.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised buffer of ``shape`` (dtype and device of ``like``)."""
+        buffer = self._buffers.get((name, shape))
+        if buffer is None or buffer.device != like.device or buffer.dtype != like.dtype:
+            buffer = torch.empty(shape, dtype=like.dtype, device=like.device)
+            self._buffers[(name, shape)] = buffer
+        return buffer
+
+
+@torch.no_grad()
+def tiled_mlp(
+    affines: Sequence[Affine],
+    states: torch.Tensor,
+    extras: torch.Tensor,
+    workspace: Workspace,
+    name: str,
+) -> torch.Tensor:
+    """A ReLU MLP of ``[state, extra]`` for ``n`` extras per state.
+
+    Shapes: ``states (B, s)``, ``extras (n, B, d)`` -> ``(n, B, out)``.
+
+    The same function as ``mlp(cat([states repeated n times, extras], -1))``, cheaper: the
+    state's share of the first layer is computed once per state instead of once per candidate,
+    no input is concatenated, each ReLU runs in place, and every layer writes into a buffer of
+    ``workspace``. The result lives in the buffer ``name``, valid until the next call with the
+    same name.
+    """
+    n, batch, extra_dim = extras.shape
+    state_dim = states.shape[-1]
+    last = len(affines) - 1
+
+    def buffer(depth: int, width: int) -> torch.Tensor:
+        # Hidden layers alternate between two buffers shared by every MLP of the pass (a
+        # small working set stays in cache); the output has its own, named buffer.
+        key = f"{name}.out" if depth == last else f"hidden{depth % 2}"
+        return workspace.get(key, (n * batch, width), states)
+
+    (weight, bias), *rest = affines
+    # (n * B, d) @ (d, h), plus the state's share (B, h) broadcast over n.
+    hidden = torch.mm(
+        extras.reshape(n * batch, extra_dim), weight[state_dim:], out=buffer(0, weight.shape[1])
+    )
+    hidden.view(n, batch, -1).add_(torch.addmm(bias, states, weight[:state_dim]))
+    hidden = affine_mlp(
+        rest, hidden, relu_input=True, out=lambda depth, width: buffer(depth + 1, width)
+    )
+    return hidden.view(n, batch, -1)
