@@ -296,6 +296,45 @@ class PublishModel(_Strict):
     root: str | None = Field(None, description="Datasets root (default MINARI_DATASETS_PATH).")
 
 
+class ReportModel(_Strict):
+    """What the run report shows beyond the metrics: videos and the dataset doctor."""
+
+    videos: bool = Field(
+        False,
+        description=(
+            "Film each trained policy's best and worst evaluation episode and a few original and"
+            " augmented episodes (offscreen OpenGL; without it the report says so)."
+        ),
+    )
+    video_episodes: int = Field(
+        2,
+        gt=0,
+        description=(
+            "Episodes shown per trained policy and per kind of data, at evenly spaced return "
+            "ranks: 1 the best, 2 the best and the worst, 3 adds the median."
+        ),
+    )
+    max_report_mb: float = Field(
+        20.0,
+        gt=0,
+        description=(
+            "Bound on report.html: animations lose frames, then resolution, then whole episodes"
+            " until it fits, and the report says what it left out."
+        ),
+    )
+    width: int | None = Field(None, gt=0, description="Frame width (default the renderer's).")
+    height: int | None = Field(None, gt=0, description="Frame height (default the renderer's).")
+    frame_skip: int | None = Field(
+        None, gt=0, description="Film every k-th step (default the renderer's)."
+    )
+    max_frames: int | None = Field(
+        None, gt=0, description="At most this many frames per episode (default the renderer's)."
+    )
+    doctor: bool = Field(
+        True, description="Run the dataset doctor on the source and on the augmented data."
+    )
+
+
 class ClusterModel(_Strict):
     """Where the Dask graph runs."""
 
@@ -336,6 +375,7 @@ class Workflow(_Strict):
     evaluation: EvaluationModel = Field(default_factory=EvaluationModel)
     diagnostics: DiagnosticsModel = Field(default_factory=DiagnosticsModel)
     publish: PublishModel | None = Field(None, description="Publish the result (omit to skip).")
+    report: ReportModel = Field(default_factory=ReportModel)
     cluster: ClusterModel = Field(default_factory=ClusterModel)
     shards: str | None = Field(
         None, description="Directory for shards every worker can reach (default RUN_DIR/shards)."

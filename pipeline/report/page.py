@@ -1,7 +1,8 @@
 """The report page: one self-contained HTML file of a run's metrics, readable offline.
 
-Inline CSS, every plot embedded as a base64 PNG ``<img>``, no external URL; a section whose
-data is missing says so instead of failing.
+Inline CSS, every plot embedded as a base64 PNG ``<img>`` and every video as a GIF data URI
+(:mod:`.media`, within the page's size bound), no external URL; a section whose data is
+missing says so instead of failing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from offaug.datasets.atomic import atomic_path
 from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
+from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
 from offaug.pipeline.report.plots import Plot, render_plots
 
 _CSS = """
@@ -37,7 +39,17 @@ figure { margin: 0.8rem 0; }
 figure img { max-width: 100%; border: 1px solid #e3e3e3; }
 figcaption { font-size: 0.85rem; color: #444; }
 p.note { font-size: 0.85rem; color: #444; }
+h3 { font-size: 1rem; margin: 1rem 0 0.3rem; }
+.clips { display: flex; flex-wrap: wrap; gap: 1rem; }
+.clips figure { margin: 0; max-width: 22rem; }
+.clips img { image-rendering: pixelated; }
+table.doctor td, table.doctor th { text-align: left; vertical-align: top; }
+tr.warning td:first-child { color: #b06000; font-weight: 600; }
+tr.error td:first-child { color: #b3261e; font-weight: 600; }
 """
+
+
+_VIDEOS_SLOT = "<!-- videos -->"
 
 
 def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], css: str = "") -> str:
@@ -325,8 +337,10 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
     sections = [
         ("Headline", _table(None, head_rows, "headline") if head_rows else _missing("—")),
         ("Scores", _scores_html(metrics.get("training") or {})),
+        ("Videos", _VIDEOS_SLOT),
         ("Importance weights", _weights_html(diagnostics.get("weights"), plots)),
         ("Data", _data_html(diagnostics.get("data"), plots)),
+        ("Dataset doctor", doctor_html(metrics.get("doctor"))),
         ("State coverage", _coverage_html(diagnostics.get("coverage"), plots)),
         ("Policy divergence from β̂", _divergence_html(diagnostics.get("divergence"))),
         ("Value over-estimation", _value_html(diagnostics.get("value"), plots)),
@@ -339,11 +353,16 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
             f"{html.escape(str(k))} {number(v, 2)} s" for k, v in timings.items()
         )
         body += ".</p>"
-    return (
+    page = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>"
         f"<body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
     )
+    # The videos get what the rest of the page leaves of the size bound.
+    videos = metrics.get("videos")
+    limit = float((videos or {}).get("max_report_mb") or DEFAULT_MAX_REPORT_MB) * MEGABYTE
+    budget = int(limit) - len(page.encode("utf-8")) + len(_VIDEOS_SLOT)
+    return page.replace(_VIDEOS_SLOT, videos_html(videos, budget))
 
 
 def write_report(metrics: Mapping[str, Any], out_html: Path) -> Path:
