@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from offaug.pipeline.noise import NoiseSpecError, parse_noise
 
-Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq"]
+Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
 
 
 class _Strict(BaseModel):
