@@ -56,8 +56,7 @@ def return_range(sampler: MixtureSampler) -> float:
     returns: list[npt.NDArray[np.float64]] = []
     for pool in sampler.pools:
         for part in pool.parts:
-            ids = np.asarray(part.episode_ids)
-            starts = np.concatenate(([0], np.flatnonzero(np.diff(ids)) + 1))
+            starts = part.episode_bounds()[:-1]
             returns.append(np.add.reduceat(np.asarray(part.rewards, np.float64), starts))
     every = np.concatenate(returns)
     return float(every.max() - every.min())
