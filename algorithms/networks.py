@@ -1,7 +1,8 @@
 """Networks shared by every offaug learner.
 
 * :class:`MLP` and :class:`EnsembleMLP` (``E`` independent MLPs evaluated in one batched
-  matrix multiply per layer: ``torch.baddbmm``, no Python loop over members);
+  matrix multiply per layer: ``torch.baddbmm``, no Python loop over members), each with an
+  optional LayerNorm after every hidden layer (:class:`EnsembleLayerNorm` per member);
 * :class:`CriticEnsemble` (continuous Q(s, a), ``E`` critics at once) and
   :class:`DiscreteCriticEnsemble` (Q(s, .) for every discrete action);
 * :class:`TanhGaussianActor` (SAC/CQL), :class:`DeterministicActor`,
@@ -97,8 +98,13 @@ class EnsembleLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(members, 1, features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normalised = F.layer_norm(x, x.shape[-1:])
-        return torch.addcmul(self.bias, normalised, self.weight)
+        # One fused layer_norm (normalise and affine, forward and backward) per member.
+        return torch.stack([self.member(i, part) for i, part in enumerate(x.unbind(0))])
+
+    def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member ``index``'s LayerNorm alone: ``(B, d) -> (B, d)``."""
+        features = x.shape[-1:]
+        return F.layer_norm(x, features, self.weight[index, 0], self.bias[index, 0])
 
 
 class EnsembleMLP(nn.Module):
@@ -140,6 +146,20 @@ class EnsembleMLP(nn.Module):
                     x = self.norms[i](x)
         return x
 
+    def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member ``index`` alone: ``(B, in) -> (B, out)``, one ``addmm`` per layer."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, EnsembleLinear)
+            x = torch.addmm(layer.bias[index], x, layer.weight[index])
+            if i < last:
+                x = x.relu_()
+                if self.norms is not None:
+                    norm = self.norms[i]
+                    assert isinstance(norm, EnsembleLayerNorm)
+                    x = norm.member(index, x)
+        return x
+
 
 class CriticEnsemble(nn.Module):
     """``E`` continuous critics Q_e(s, a): ``(B, obs), (B, act) -> (E, B)``.
@@ -164,6 +184,10 @@ class CriticEnsemble(nn.Module):
 
     def forward(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([observations, actions], dim=-1)).squeeze(-1)
+
+    def member(self, index: int, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Critic ``index`` alone: ``(B, obs), (B, act) -> (B,)`` (TD3's actor uses Q_1)."""
+        return self.net.member(index, torch.cat([observations, actions], dim=-1)).squeeze(-1)
 
 
 class DiscreteCriticEnsemble(nn.Module):

@@ -183,12 +183,13 @@ class ReBRAC(TD3BC):
 
     def _actor_losses(
         self,
-        q_policy: torch.Tensor,
+        obs: torch.Tensor,
         policy_actions: torch.Tensor,
         actions: torch.Tensor,
         weights: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.rebrac_config
+        q_policy = self.critic(obs, policy_actions)  # (E, B): ReBRAC takes their minimum
         return rebrac_actor_loss(
             q_policy, policy_actions, actions, cfg.actor_bc_coef, cfg.normalise_q, weights
         )

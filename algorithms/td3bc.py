@@ -204,13 +204,14 @@ class TD3BC:
 
     def _actor_losses(
         self,
-        q_policy: torch.Tensor,
+        obs: torch.Tensor,
         policy_actions: torch.Tensor,
         actions: torch.Tensor,
         weights: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The actor's loss and its behaviour-cloning part; ``q_policy`` is ``(E, B)``."""
-        return td3bc_actor_loss(q_policy[0], policy_actions, actions, self.alpha, weights)
+        """The actor's loss and its behaviour-cloning part, scored by the first critic."""
+        q_policy = self.critic.member(0, obs, policy_actions)  # (B,)
+        return td3bc_actor_loss(q_policy, policy_actions, actions, self.alpha, weights)
 
     def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
         """One critic step; on every ``policy_freq``-th step also an actor and target step."""
@@ -236,11 +237,8 @@ class TD3BC:
             # The critics score the actor's actions without recording gradients for their own
             # weights: the graph is built while they do not require grad.
             self.critic.requires_grad_(False)
-            q_policy = self.critic(obs, policy_actions)  # (E, B)
+            actor_loss, bc_loss = self._actor_losses(obs, policy_actions, actions, batch.weights)
             self.critic.requires_grad_(True)
-            actor_loss, bc_loss = self._actor_losses(
-                q_policy, policy_actions, actions, batch.weights
-            )
             self.actor_optimizer.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_optimizer.step()

@@ -104,6 +104,11 @@ def test_ensemble_layer_norm_normalises_each_member_with_its_own_affine() -> Non
     expected = expected * mlp.norms[0].weight + mlp.norms[0].bias
     out = torch.baddbmm(mlp.layers[1].bias, expected, mlp.layers[1].weight)
     torch.testing.assert_close(mlp(x), out)
+    # One member alone (TD3+BC's actor scores with Q_1) is that member of the batched pass.
+    torch.testing.assert_close(mlp.member(1, x), out[1])
+    critic = CriticEnsemble(3, 2, (8,), 2, layer_norm=True)
+    obs, act = torch.randn(5, 3), torch.randn(5, 2)
+    torch.testing.assert_close(critic.member(0, obs, act), critic(obs, act)[0])
     # Without the option the state_dict keys are the plain critic's.
     plain = CriticEnsemble(3, 1, (8,), 2)
     assert all(not k.startswith("net.norms") for k in plain.state_dict())
