@@ -9,7 +9,7 @@ Kostrikov, Nair and Levine 2021, "Offline Reinforcement Learning with Implicit Q
 * the actor maximises ``exp(beta * (Q_target(s, a) - V(s))) * log pi(a|s)`` on dataset actions
   (eq. 7, advantage-weighted regression), the weight clipped at ``max_weight``.
 
-The three losses touch disjoint parameters and are built from one pass, then stepped together
+The three losses touch disjoint parameters, so one backward pass serves them and they step together
 (V's advantage for the actor is taken before this step's V update, as in the authors' code).
 Locomotion settings from the paper's appendix B are the defaults: tau 0.7, beta 3, learning
 rates 3e-4, 256x256 networks, a Gaussian actor with a state-independent log-std whose mean is
@@ -222,17 +222,17 @@ class IQL:
     # -- one step ------------------------------------------------------------------------------
 
     def losses(self, batch: TorchBatch) -> IQLLosses:
-        """The value, critic and actor losses of one batch from one pass of each network."""
+        """The value, critic and actor losses of one batch (one backward pass serves them all)."""
         cfg = self.config
         weights = batch.weights
-        batch_size = batch.observations.shape[0]
         obs = self.observation_normaliser(batch.observations)
         next_obs = self.observation_normaliser(batch.next_observations)
         actions = self.normaliser(batch.actions)  # (B, A) in [-1, 1]
-        # V at s (with gradient) and at s' (the critics' target) in one pass: (2B, 1).
-        values = self.value(torch.cat([obs, next_obs])).squeeze(-1)
-        value, next_value = values[:batch_size], values[batch_size:].detach()
+        value = self.value(obs).squeeze(-1)  # (B,)
         with torch.no_grad():
+            # V(s') apart, without a graph: in one pass with V(s) its rows would be back-propagated
+            # too (as zeros).
+            next_value = self.value(next_obs).squeeze(-1)
             q_target = self.critic_target(obs, actions).min(0).values  # (B,)
             rewards = batch.rewards * self.reward_scale
             target = td_target(rewards, batch.terminals, next_value, cfg.gamma)
