@@ -32,6 +32,7 @@ class TorchBatch:
     terminals: torch.Tensor  # (B,) float32: 1.0 where the MDP terminated
     timeouts: torch.Tensor  # (B,) float32: 1.0 where a time limit cut the episode
     weights: torch.Tensor  # (B,) float32 per-sample loss weights (1 when unweighted)
+    next_actions: torch.Tensor | None = None  # (B, *act), the data's action at s', when sampled
 
     @classmethod
     def from_batch(cls, batch: Batch, device: str | torch.device = "cpu") -> TorchBatch:
@@ -48,6 +49,7 @@ class TorchBatch:
             terminals=tensor(batch.terminals.astype(np.float32)),
             timeouts=tensor(batch.timeouts.astype(np.float32)),
             weights=tensor(batch.weights),
+            next_actions=None if batch.next_actions is None else tensor(batch.next_actions),
         )
 
 

@@ -132,12 +132,8 @@ def train(
     trainer = registry.build(algorithm, spaces, dict(config or {}), device=options.device)
     compiled = compile_trainer(trainer) if options.compile else ()
     resolved_config = trainer.config
-    sampler = MixtureSampler(
-        datasets,
-        resolved_config.batch_size,
-        mixing=options.mixing,
-        use_weights=options.use_weights,
-        seed=options.seed,
+    sampler = make_sampler(
+        trainer, datasets, mixing=options.mixing, use_weights=options.use_weights, seed=options.seed
     )
     checkpoint_path = run_dir / "checkpoint.pt"
     start = 0
@@ -203,6 +199,34 @@ def train(
     if env is not None:
         env.close()
     return TrainResult(run_dir, options.steps, last_eval, checkpoint_path)
+
+
+def make_sampler(
+    trainer: Trainer,
+    sets: Sequence[Transitions | ShardSet],
+    *,
+    mixing: Sequence[float] | None = None,
+    use_weights: bool = False,
+    seed: int = 0,
+) -> MixtureSampler:
+    """The sampler ``trainer`` trains from, with the trainer prepared on its data.
+
+    Batches carry ``next_actions`` for a trainer that ``uses_next_actions`` (ReBRAC); a trainer
+    with ``prepare(sampler)`` (TD3+BC, ReBRAC, IQL) takes its data statistics from it here. A
+    resumed run then loads the statistics its checkpoint stored.
+    """
+    sampler = MixtureSampler(
+        sets,
+        trainer.config.batch_size,
+        mixing=mixing,
+        use_weights=use_weights,
+        seed=seed,
+        next_actions=bool(getattr(trainer, "uses_next_actions", False)),
+    )
+    prepare = getattr(trainer, "prepare", None)
+    if callable(prepare):
+        prepare(sampler)
+    return sampler
 
 
 def trainer_device(trainer: Trainer) -> torch.device:

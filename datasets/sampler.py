@@ -40,6 +40,8 @@ class Batch:
     timeouts: npt.NDArray[np.bool_]  # (B,)
     weights: npt.NDArray[np.float32]  # (B,) per-sample loss weights (1 when unweighted)
     set_index: npt.NDArray[np.int8]  # (B,) which of the sampler's sets each row came from
+    # (B, *act) the dataset's action at next_observations (see MixtureSampler), when asked for
+    next_actions: npt.NDArray[Any] | None = None
 
     def __len__(self) -> int:
         return int(self.rewards.shape[0])
@@ -48,7 +50,10 @@ class Batch:
 class _Pool:
     """The rows of one transition set, possibly spread over several shards."""
 
-    def __init__(self, parts: Sequence[Transitions], use_weights: bool) -> None:
+    def __init__(
+        self, parts: Sequence[Transitions], use_weights: bool, next_actions: bool = False
+    ) -> None:
+        self.next_actions = next_actions
         self.parts = [p for p in parts if len(p)]
         if not self.parts:
             raise DataError("a transition set to sample from is empty")
@@ -75,6 +80,19 @@ class _Pool:
 
     def _gather_part(self, part: Transitions, index: npt.NDArray[np.int64]) -> dict[str, Any]:
         out = {name: np.take(getattr(part, name), index, axis=0) for name in _BATCH_COLUMNS}
+        if self.next_actions:
+            # Row i + 1 follows row i when it is in the same episode and starts where row i
+            # ends; an episode's last row has no successor and keeps its own action.
+            successor = np.minimum(index + 1, len(part) - 1)
+            starts = np.take(part.observations, successor, axis=0)
+            same = (
+                (successor != index)
+                & (np.take(part.episode_ids, successor) == np.take(part.episode_ids, index))
+                & np.all((starts == out["next_observations"]).reshape(len(index), -1), axis=1)
+            )
+            following = np.take(part.actions, successor, axis=0)
+            same = same.reshape(-1, *([1] * (following.ndim - 1)))
+            out["next_actions"] = np.where(same, following, out["actions"])
         if self.weighted:
             assert part.importance_weight is not None
             out["weights"] = np.take(part.importance_weight, index)
@@ -95,7 +113,10 @@ class MixtureSampler:
     With sets ``[original, augmented]`` and ``mixing=[0.5, 0.5]`` every batch holds half rows
     from each set (largest-remainder rounding), uniformly with replacement inside a set.
     ``use_weights`` reads each set's ``importance_weight`` column into ``Batch.weights``
-    (sets without the column get weight 1).
+    (sets without the column get weight 1). ``next_actions`` also gathers each row's
+    successor action, the dataset's action at ``next_observations`` (ReBRAC's critic penalty):
+    the next row's action inside the same episode; an episode's last row has none recorded and
+    repeats its own (a terminal row is never bootstrapped, so only timeouts see the stand-in).
     """
 
     def __init__(
@@ -107,12 +128,13 @@ class MixtureSampler:
         use_weights: bool = False,
         seed: int = 0,
         verify: bool = True,
+        next_actions: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise DataError("must be positive", field=f"batch_size={batch_size}")
         if not sets:
             raise DataError("no transition sets to sample from")
-        self.pools = [_Pool(_as_parts(s, verify), use_weights) for s in sets]
+        self.pools = [_Pool(_as_parts(s, verify), use_weights, next_actions) for s in sets]
         shapes = {tuple(p.parts[0].observations.shape[1:]) for p in self.pools}
         if len(shapes) != 1:
             raise DataError(f"sets have different observation shapes {sorted(shapes)}")

@@ -33,7 +33,7 @@ from pydantic_core import PydanticCustomError
 from offaug.pipeline.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
 from offaug.pipeline.rank_metric import RankMetric, parse_rank_metric
 
-Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq"]
+Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
 
 
 def _noise_spec(value: Any) -> NoiseSpec:
