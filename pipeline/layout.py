@@ -63,6 +63,8 @@ class AugmentedRef:
     manifest_checksum: str
     weight_stats: dict[str, Any]
     faults: int
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The rollout's own figures: its policy, the filter's kept/dropped episodes, mean return."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,17 +21,21 @@ from typing import Any
 import numpy as np
 
 from offaug.datasets.atomic import replace_directory, write_json_atomic
-from offaug.datasets.errors import DataError, DatasetNotFoundError
+from offaug.datasets.errors import DatasetNotFoundError
 from offaug.datasets.generate import make_dataset
 from offaug.datasets.publish import publish_dataset
 from offaug.datasets.shards import ShardSet, file_checksum
 from offaug.datasets.sources import cache_key, load_transitions, resolve_source
-from offaug.datasets.transitions import SIMULATOR_STATE_KEYS, SPACE_META_KEYS
+from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
+from offaug.pipeline.env_state import load_with_states
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.rollout import RolloutConfig
+from offaug.pipeline.rollout_data import sparsity, start_probabilities
 from offaug.pipeline.rollout_tasks import (
     RolloutShard,
     RolloutTask,
+    data_filter,
+    filter_counts,
     merge_rollout_shards,
     run_rollout_task,
     split_tasks,
@@ -45,8 +49,6 @@ from offaug.pipeline.workflow import (
     TrainModel,
     Workflow,
 )
-
-_STATE_KEYS = list(SIMULATOR_STATE_KEYS)
 
 
 def _meta_subset(meta: Any) -> dict[str, Any]:
@@ -71,19 +73,15 @@ def prepare_source(config: SourceConfig) -> DatasetRef:
             max_episode_steps=make.max_episode_steps,
         )
         resolved = resolve_source(config.dataset)
-    try:
-        data = load_transitions(config.dataset, info_keys=_STATE_KEYS)
-        has_state = True
-    except DataError:
-        # Datasets without simulator state still load; they just cannot be branched from.
-        data = load_transitions(config.dataset)
-        has_state = False
+    # Datasets without recorded states still load; they just cannot be branched from.
+    data, state_kind = load_with_states(config.dataset)
+    info_keys = list(state_kind.keys) if state_kind is not None else []
     return DatasetRef(
         source=config.dataset,
         rows=len(data),
         episodes=data.num_episodes,
-        identity=cache_key(resolved, {"info_keys": _STATE_KEYS if has_state else []}),
-        has_simulator_state=has_state,
+        identity=cache_key(resolved, {"info_keys": info_keys}),
+        has_simulator_state=state_kind is not None,
         meta=_meta_subset(data.meta),
     )
 
@@ -124,14 +122,37 @@ def _last_metrics(run_dir: Path) -> dict[str, Any]:
     return {"train": train[-1] if train else {}, "eval": evals[-1] if evals else None}
 
 
+def data_score(data: Transitions) -> dict[str, Any]:
+    """The data's own mean episode return and its normalised score (reference scores)."""
+    from offaug.algorithms.evaluate import normalised_score, reference_scores  # torch: see top
+
+    bounds = data.episode_bounds()
+    rewards = np.asarray(data.rewards, dtype=np.float64)
+    returns = np.add.reduceat(rewards, bounds[:-1]) if len(rewards) else np.zeros(0)
+    mean_return = float(returns.mean()) if len(returns) else 0.0
+    return {
+        "episodes": len(returns),
+        "return": mean_return,
+        "normalised_score": normalised_score(mean_return, reference_scores(data.meta, None)),
+    }
+
+
 def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> ModelRef:
-    """Behaviour cloning (Gaussian): the rollout policy and the behaviour model."""
+    """Behaviour cloning (Gaussian): the rollout policy and the behaviour model.
+
+    Its metrics hold the final training line, its own evaluation (``eval``: mean ``return``
+    and ``normalised_score`` over ``config.evaluation_episodes`` greedy episodes, with the
+    learners' evaluation seeds) when the dataset records its env, and the data's own score
+    (``data``: :func:`data_score`), so a report can set the rollout policy against the data.
+    """
     from offaug.algorithms.train import TrainOptions, train  # imports torch: see the top
 
+    evaluate = config.evaluation_episodes > 0 and bool(data.meta.get("env_spec"))
     options = TrainOptions(
         steps=config.steps,
         seed=seed,
-        eval_every=0,
+        eval_every=config.steps if evaluate else 0,
+        eval_episodes=max(1, config.evaluation_episodes),
         log_every=max(1, config.steps // 10),
         checkpoint_every=config.steps,
         threads=None,
@@ -146,15 +167,13 @@ def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> Mo
     final = _train_into(
         out, lambda d: train("bc", [data.source], d, config=learner, options=options)
     )
-    return _model_ref("bc", final / "checkpoint.pt", _last_metrics(final))
+    metrics = {**_last_metrics(final), "data": data_score(load_transitions(data.source))}
+    return _model_ref("bc", final / "checkpoint.pt", metrics)
 
 
-def rollout_tasks(
-    data: DatasetRef, bc: ModelRef, config: RolloutModel, out: str, seed: int
-) -> list[RolloutTask]:
-    """The rollout stage's tasks (references only), one shard each."""
+def _rollout_config(data: DatasetRef, config: RolloutModel, seed: int) -> RolloutConfig:
     start = config.start if data.has_simulator_state else "reset"
-    rollout_config = RolloutConfig(
+    return RolloutConfig(
         episodes=config.episodes,
         n_envs=config.n_envs,
         noise=config.noise,
@@ -162,15 +181,48 @@ def rollout_tasks(
         max_weight=config.max_weight,
         start=start,
         max_episode_steps=config.max_episode_steps,
+        horizon=config.horizon,
+        starts="uniform" if start == "reset" else config.starts,
+        filter=config.filter,
+        filter_margin=config.filter_margin,
     )
-    return split_tasks(data.source, bc.path, rollout_config, out, config.tasks, env_id=config.env)
+
+
+def rollout_tasks(
+    data: DatasetRef,
+    bc: ModelRef,
+    config: RolloutModel,
+    out: str,
+    seed: int,
+    policy_model: ModelRef | None = None,
+) -> list[RolloutTask]:
+    """The rollout stage's tasks (references only), one shard each.
+
+    ``policy_model``: the trained learner whose action the noise is centred on (``rollout.policy``
+    names it; None: the BC policy's own action).
+    """
+    return split_tasks(
+        data.source,
+        bc.path,
+        _rollout_config(data, config, seed),
+        out,
+        config.tasks,
+        env_id=config.env,
+        learner=None if policy_model is None else policy_model.path,
+    )
 
 
 def rollout_shard(
-    data: DatasetRef, bc: ModelRef, config: RolloutModel, out: str, seed: int, task_index: int
+    data: DatasetRef,
+    bc: ModelRef,
+    config: RolloutModel,
+    out: str,
+    seed: int,
+    task_index: int,
+    policy_model: ModelRef | None = None,
 ) -> RolloutShard:
     """Task ``task_index`` of the rollout stage: roll out its episodes and write its shard."""
-    tasks = rollout_tasks(data, bc, config, out, seed)
+    tasks = rollout_tasks(data, bc, config, out, seed, policy_model)
     if task_index >= len(tasks):
         raise ValueError(f"rollout task {task_index} of {len(tasks)}: more tasks than episodes")
     return run_rollout_task(tasks[task_index])
@@ -205,29 +257,38 @@ def model_rollout_task(
     shard_path: str,
     task_index: int,
     seed: int,
+    policy_model: ModelRef | None = None,
 ) -> RolloutShard:
-    """One task of model rollouts from random dataset states, written as one shard."""
+    """One task of model rollouts from dataset states, written as one shard.
+
+    Start states are drawn as ``rollout.starts`` says (uniform, sparse, or where the ensemble
+    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`.
+    """
     # torch comes with these: imported when the task runs, not when a worker unpickles stages.
-    from offaug.algorithms.train import load_trainer
     from offaug.datasets.shards import write_shard
-    from offaug.datasets.sources import load_transitions
     from offaug.pipeline.dynamics import load_dynamics, model_rollout
-    from offaug.pipeline.policies import BCRolloutPolicy
+    from offaug.pipeline.policies import load_rollout_policy
 
     original = load_transitions(data.source)
     model = load_dynamics(dynamics.path)
     model = _with_seed(model, seed * 1000 + task_index)
     rng = np.random.default_rng(seed * 1000 + task_index)
-    starts = np.asarray(
-        original.observations[rng.integers(0, len(original), config.dynamics.starts)]
-    )
-    policy = BCRolloutPolicy(load_trainer(bc.path, device="cpu"))
+    probabilities = None
+    if config.starts == "sparse":
+        probabilities = start_probabilities(sparsity(original.observations))
+    elif config.starts == "disagreement":
+        spread = model.disagreement(original.observations, original.actions)
+        probabilities = start_probabilities(spread)
+    rows = rng.choice(len(original), size=config.dynamics.starts, p=probabilities)
+    starts = np.asarray(original.observations[rows])
+    policy = load_rollout_policy(bc.path, None if policy_model is None else policy_model.path)
     meta = {
         **data.meta,
         "provenance": {
             "source": data.source,
             "policy": bc.path,
             "policy_checkpoint_xxh3": bc.checksum,
+            "learner": None if policy_model is None else policy_model.path,
             "dynamics": dynamics.path,
             "noise": config.noise.text,
             "seed": seed,
@@ -235,7 +296,15 @@ def model_rollout_task(
         },
     }
     out = model_rollout(
-        model, policy, starts, noise=config.noise, max_weight=config.max_weight, meta=meta
+        model,
+        policy,
+        starts,
+        noise=config.noise,
+        max_weight=config.max_weight,
+        meta=meta,
+        horizon=config.horizon,
+        start_rows=rows.astype(np.int64),
+        episode_filter=data_filter(original, config.filter, config.filter_margin),
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
@@ -243,7 +312,13 @@ def model_rollout_task(
     returns = (
         np.add.reduceat(out.rewards.astype(np.float64), bounds[:-1]) if len(out) else np.zeros(0)
     )
-    return RolloutShard(ref, dict(out.meta["weight_stats"]), 0, tuple(float(r) for r in returns))
+    return RolloutShard(
+        ref,
+        dict(out.meta["weight_stats"]),
+        0,
+        tuple(float(r) for r in returns),
+        int(out.meta["episodes_dropped"]),
+    )
 
 
 def _with_seed(model: Any, seed: int) -> Any:
@@ -252,7 +327,12 @@ def _with_seed(model: Any, seed: int) -> Any:
 
 
 def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) -> AugmentedRef:
-    """Write the augmented shard set's manifest over the finished tasks."""
+    """Write the augmented shard set's manifest over the finished tasks.
+
+    The reference's ``metrics``: ``policy`` (``rollout.policy``), ``filter`` (its kind,
+    margin and the episodes ``kept`` and ``dropped``) and ``episode_return`` (the mean return
+    of the kept episodes, None without any).
+    """
     shard_set = merge_rollout_shards(
         out,
         results,
@@ -262,8 +342,14 @@ def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) 
             "backend": config.backend,
             "episodes": config.episodes,
             "tasks": config.tasks,
+            "policy": config.policy,
+            "horizon": config.horizon,
+            "starts": config.starts,
+            "filter": config.filter,
+            "filter_margin": config.filter_margin,
         },
     )
+    returns = [r for result in results for r in result.episode_returns]
     return AugmentedRef(
         directory=shard_set.directory,
         rows=shard_set.rows,
@@ -272,6 +358,15 @@ def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) 
         manifest_checksum=file_checksum(shard_set.manifest_path),
         weight_stats=dict(shard_set.params["weight_stats"]),
         faults=sum(r.faults for r in results),
+        metrics={
+            "policy": config.policy,
+            "filter": {
+                "kind": config.filter,
+                "margin": config.filter_margin,
+                **filter_counts(results),
+            },
+            "episode_return": float(np.mean(returns)) if returns else None,
+        },
     )
 
 
