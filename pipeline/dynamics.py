@@ -198,9 +198,9 @@ class DynamicsEnsemble:
         act = np.asarray(actions, dtype=np.float32).reshape(len(obs), -1)
         spread = []
         for start in range(0, len(obs), chunk):
+            # Copies: the data may be a read-only memory map, which torch must not wrap.
             mean, _, _ = self._predict(
-                torch.as_tensor(obs[start : start + chunk]),
-                torch.as_tensor(act[start : start + chunk]),
+                torch.tensor(obs[start : start + chunk]), torch.tensor(act[start : start + chunk])
             )  # (E, B, target)
             spread.append(torch.linalg.vector_norm(mean.std(0), dim=-1).double().numpy())
         return np.concatenate(spread) if spread else np.zeros(0)
