@@ -36,7 +36,7 @@ class DatasetRef:
     identity: str
     """Cache key of the source's content and loader options."""
     has_simulator_state: bool
-    """Whether it records infos/qpos and infos/qvel (branching from dataset states)."""
+    """Whether it records states to branch from (infos/qpos + infos/qvel, or infos/state)."""
     meta: dict[str, Any]
     """Spaces, env spec and reference scores."""
 

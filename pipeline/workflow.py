@@ -88,7 +88,7 @@ class BCConfigModel(_Strict):
     steps: int = Field(
         20_000,
         gt=0,
-        description="Gradient steps (the default is enough to converge on typical data).",
+        description="Gradient steps: the clone is the rollout policy, so train it to convergence.",
     )
     hidden: tuple[int, ...] = Field((64, 64), description="Hidden layer widths.")
     learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate.")
