@@ -89,7 +89,12 @@ def evaluate(
             done = bool(terminated or truncated)
         returns.append(total)
         lengths.append(steps)
-    normalised = None
-    if scores is not None and scores[1] != scores[0]:
-        normalised = 100.0 * (float(np.mean(returns)) - scores[0]) / (scores[1] - scores[0])
+    normalised = normalised_score(float(np.mean(returns)), scores)
     return EvaluationResult(tuple(returns), tuple(lengths), normalised)
+
+
+def normalised_score(mean_return: float, scores: tuple[float, float] | None) -> float | None:
+    """D4RL's ``100 * (mean return - ref_min) / (ref_max - ref_min)`` (None without scores)."""
+    if scores is None or scores[1] == scores[0]:
+        return None
+    return 100.0 * (mean_return - scores[0]) / (scores[1] - scores[0])

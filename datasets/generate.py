@@ -3,7 +3,8 @@
 Tests, benchmarks and the quickstart build their datasets here, through Minari's own
 ``create_dataset_from_buffers``, so what they read is exactly what Minari writes. MuJoCo
 environments also record the simulator state (``infos/qpos``, ``infos/qvel``, one row per
-observation) so that rollouts can later branch from dataset states.
+observation), and classic-control environments their ``unwrapped.state`` (``infos/state``, e.g.
+Pendulum's [theta, thetadot]), so that rollouts can later branch from dataset states.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from offaug.datasets.envs import register_envs
 from offaug.datasets.errors import DataError
 from offaug.datasets.paths import dataset_root, resolve_dataset_dir
 from offaug.datasets.storage import StorageFormat, storage_backend
-from offaug.datasets.transitions import SIMULATOR_STATE_KEYS
+from offaug.datasets.transitions import CONTROL_STATE_KEY, SIMULATOR_STATE_KEYS
 
 __all__ = [
     "GeneratedDataset",
@@ -102,10 +103,18 @@ def _stack(values: list[Any]) -> Any:
 
 
 def _simulator_state(env: gym.Env[Any, Any]) -> dict[str, npt.NDArray[np.float64]] | None:
+    """The state that sets ``env`` back to where it is: MuJoCo's qpos/qvel, or the
+    ``unwrapped.state`` vector of a classic-control env (None when it has neither)."""
     data = getattr(env.unwrapped, "data", None)
-    if data is None or not all(hasattr(data, key) for key in SIMULATOR_STATE_KEYS):
-        return None
-    return {key: np.array(getattr(data, key)) for key in SIMULATOR_STATE_KEYS}
+    if data is not None and all(hasattr(data, key) for key in SIMULATOR_STATE_KEYS):
+        return {key: np.array(getattr(data, key)) for key in SIMULATOR_STATE_KEYS}
+    state = getattr(env.unwrapped, CONTROL_STATE_KEY, None)
+    if isinstance(state, (np.ndarray, tuple)):
+        vector = np.asarray(state)
+        if vector.ndim == 1 and vector.dtype.kind in "fiu":
+            # Copied as float64: MountainCar keeps a tuple, others an array they update in place.
+            return {CONTROL_STATE_KEY: vector.astype(np.float64)}
+    return None
 
 
 def collect_episodes(

@@ -47,6 +47,8 @@ IntArray = npt.NDArray[np.int64]
 
 SIMULATOR_STATE_KEYS: tuple[str, ...] = ("qpos", "qvel")
 """The ``infos/*`` keys that hold a MuJoCo simulator's state at each observation."""
+CONTROL_STATE_KEY = "state"
+"""The ``infos/*`` key of a classic-control env's ``unwrapped.state`` at each observation."""
 
 
 class Source(enum.IntEnum):

@@ -8,7 +8,12 @@ simulator or in a learned model, goes
     policy(s) -> (mean, log std) -> noise -> action, log mu -> log beta_hat -> env action,
 
 and both log-densities are converted from the normalised box to the environment's with the
-normaliser's ``log |det|`` (:func:`policy_step`). Over the collected rows the weights are
+normaliser's ``log |det|`` (:func:`policy_step`). The noise is centred on the behaviour model's
+own action unless the policy is a :class:`CentredPolicy` (e.g. a trained offline learner's
+deterministic action): mu is then that noise around the learner's action, while beta_hat stays
+the BC density, so the weight columns keep their meaning. :class:`ActionBox` is the one numpy
+map between an environment's action bounds and the normalised box (the twin of
+:class:`offaug.algorithms.distributions.ActionNormaliser`). Over the collected rows the weights are
 
 * ``importance_weight``: beta_hat/mu per step, clipped at ``max_weight``;
 * ``cumulative_log_ratio``: the running sum of log beta_hat - log mu inside each episode;
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +42,9 @@ FloatArray = npt.NDArray[np.float64]
 class RolloutPolicy(Protocol):
     """What a rollout needs from a policy (:class:`offaug.pipeline.policies.BCRolloutPolicy`)."""
 
-    discrete: bool
+    @property
+    def discrete(self) -> bool:
+        """Whether actions are discrete indices (the outputs are then logits)."""
 
     def __call__(
         self, observations: npt.NDArray[np.float32]
@@ -50,6 +57,69 @@ class RolloutPolicy(Protocol):
     @property
     def log_abs_det(self) -> float:
         """log |d normalised / d env action|: converts normalised-box densities to env's box."""
+
+
+@runtime_checkable
+class CentredPolicy(RolloutPolicy, Protocol):
+    """A rollout policy whose noise is centred on an action of its own, not beta_hat's mean."""
+
+    def centre(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
+        """(n, d) actions in the normalised box, or (n,) discrete action indices."""
+
+
+def noise_centre(
+    policy: RolloutPolicy, observations: npt.NDArray[np.float32], mean: FloatArray
+) -> npt.NDArray[Any]:
+    """Where mu's noise is centred: a :class:`CentredPolicy`'s action, else beta_hat's own
+    (its mean in the normalised box, or the argmax of its logits)."""
+    if isinstance(policy, CentredPolicy):
+        return policy.centre(observations)
+    return np.asarray(mean.argmax(-1)) if policy.discrete else mean
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ActionBox:
+    """The affine map between a Box action space and ``[-1, 1]^d``: ``box = env * scale + offset``.
+
+    The numpy twin of :class:`offaug.algorithms.distributions.ActionNormaliser` (built from one
+    with :meth:`from_normaliser`, so a rollout maps actions exactly as its trainer does).
+    """
+
+    scale: FloatArray
+    """(d,) ``2 / (high - low)``."""
+    offset: FloatArray
+    """(d,) ``-1 - low * scale``."""
+
+    @classmethod
+    def from_bounds(cls, low: npt.ArrayLike, high: npt.ArrayLike) -> ActionBox:
+        """The map of the box ``[low, high]``."""
+        low_array = np.asarray(low, dtype=np.float64).reshape(-1)
+        high_array = np.asarray(high, dtype=np.float64).reshape(-1)
+        scale = 2.0 / (high_array - low_array)
+        return cls(scale, -1.0 - low_array * scale)
+
+    @classmethod
+    def from_normaliser(cls, normaliser: Any) -> ActionBox:
+        """The map of a trainer's ``ActionNormaliser`` (its ``scale`` and ``offset`` buffers)."""
+        scale = normaliser.scale.detach().cpu().numpy().astype(np.float64)
+        offset = normaliser.offset.detach().cpu().numpy().astype(np.float64)
+        return cls(scale, offset)
+
+    def normalise(self, env_actions: npt.ArrayLike) -> FloatArray:
+        """Environment actions into ``[-1, 1]^d`` (clipped), as the learners see them."""
+        box = np.asarray(env_actions, dtype=np.float64) * self.scale + self.offset
+        return np.asarray(np.clip(box, -1.0, 1.0), dtype=np.float64)
+
+    def to_env(self, actions: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Normalised actions back to the environment's bounds."""
+        return ((np.asarray(actions, dtype=np.float64) - self.offset) / self.scale).astype(
+            np.float32
+        )
+
+    @property
+    def log_abs_det(self) -> float:
+        """log |d box / d env action|: add it to a box density to get the env-box density."""
+        return float(np.log(np.abs(self.scale)).sum())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,22 +163,25 @@ def policy_step(
     mean: FloatArray,
     log_std: FloatArray | None,
     rows: npt.NDArray[np.int64] | None = None,
+    centre: npt.NDArray[Any] | None = None,
 ) -> PolicyStep:
-    """Noisy actions around ``policy``'s output and both log-densities over the env's box.
+    """Noisy actions around ``centre`` and both log-densities over the env's box.
 
     Args:
         policy: Gives :meth:`RolloutPolicy.to_env` and the box's ``log_abs_det``.
         noise: The rollout policy's noise (discrete noise for a discrete policy).
-        mean: The policy's mean actions (or logits), for the rows being stepped.
-        log_std: The behaviour model's log std (None for discrete).
+        mean: beta_hat's mean actions (or logits), for the rows being stepped.
+        log_std: beta_hat's log std (None for discrete).
         rows: Which of the noise's environments these rows are (their OU states).
+        centre: Where the noise is centred (:func:`noise_centre`); None: beta_hat's own action.
     """
     if policy.discrete:
         assert isinstance(noise, DiscreteNoise)
-        indices, log_mu = noise.sample(mean.argmax(-1))
+        greedy = mean.argmax(-1) if centre is None else np.asarray(centre, dtype=np.int64)
+        indices, log_mu = noise.sample(greedy)
         return PolicyStep(indices, indices, log_mu, categorical_log_prob(mean, indices))
     assert isinstance(noise, ContinuousNoise) and log_std is not None
-    actions, log_mu = noise.sample(mean, rows)
+    actions, log_mu = noise.sample(mean if centre is None else centre, rows)
     log_beta = behaviour_log_prob(mean, log_std, actions)
     return PolicyStep(
         actions,

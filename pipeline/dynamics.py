@@ -13,7 +13,11 @@ States are kept within the dataset's bounds: a step whose predicted next state l
 The dropped step is the model extrapolating where it has no data; clipping its next state onto
 the bounds and bootstrapping from there would give the learner a state the model never
 predicted. The weight columns are those of simulator rollouts
-(:func:`offaug.pipeline.behaviour.weight_columns`).
+(:func:`offaug.pipeline.behaviour.weight_columns`); a centred policy (a trained learner) moves
+the noise's centre as it does there, and ``filter: data`` drops rollouts whose predicted
+(unpenalised) return falls below the data's from the same start
+(:class:`offaug.pipeline.rollout_data.EpisodeFilter`), before the weights are computed.
+:meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.networks import EnsembleMLP
 from offaug.datasets.transitions import Source, Transitions
-from offaug.pipeline.behaviour import RolloutPolicy, policy_step, weight_columns
+from offaug.pipeline.behaviour import RolloutPolicy, noise_centre, policy_step, weight_columns
 from offaug.pipeline.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
+from offaug.pipeline.rollout_data import EpisodeFilter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +188,23 @@ class DynamicsEnsemble:
         terminals = torch.rand(probability.shape, generator=generator) < probability
         return next_observations, rewards, terminals, uncertainty
 
+    @torch.no_grad()
+    def disagreement(
+        self, observations: npt.ArrayLike, actions: npt.ArrayLike, chunk: int = 4096
+    ) -> npt.NDArray[np.float64]:
+        """(N,) the members' spread at (s, a): the norm of the std over members of their
+        predicted means (normalised units), the ensemble's epistemic uncertainty."""
+        obs = np.asarray(observations, dtype=np.float32)
+        act = np.asarray(actions, dtype=np.float32).reshape(len(obs), -1)
+        spread = []
+        for start in range(0, len(obs), chunk):
+            # Copies: the data may be a read-only memory map, which torch must not wrap.
+            mean, _, _ = self._predict(
+                torch.tensor(obs[start : start + chunk]), torch.tensor(act[start : start + chunk])
+            )  # (E, B, target)
+            spread.append(torch.linalg.vector_norm(mean.std(0), dim=-1).double().numpy())
+        return np.concatenate(spread) if spread else np.zeros(0)
+
     def state_dict(self) -> dict[str, Any]:
         """Weights and normalisation statistics."""
         return {
@@ -273,13 +295,25 @@ def model_rollout(
     noise: NoiseSpec = DEFAULT_NOISE,
     max_weight: float = 100.0,
     meta: Mapping[str, Any] | None = None,
+    horizon: int | None = None,
+    start_rows: npt.NDArray[np.int64] | None = None,
+    episode_filter: EpisodeFilter | None = None,
 ) -> Transitions:
-    """Roll ``policy`` out in the model from every start observation for ``horizon`` steps."""
+    """Roll ``policy`` out in the model from every start observation for ``horizon`` steps.
+
+    Args:
+        horizon: Steps per rollout (None: the model config's ``horizon``).
+        start_rows: The dataset rows the start observations are (for ``episode_filter``).
+        episode_filter: Drop rollouts that earn less than the data from the same row; the
+            number dropped is ``meta["episodes_dropped"]``.
+    """
     config = model.config
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     n = len(start_observations)
-    horizon = config.horizon
+    horizon = horizon or config.horizon
+    if episode_filter is not None and start_rows is None:
+        raise ValueError("the episode filter needs the start observations' dataset rows")
     low = (model.stats["observation_low"] - config.bounds_margin * _range(model)).numpy()
     high = (model.stats["observation_high"] + config.bounds_margin * _range(model)).numpy()
     noise_process = ContinuousNoise(noise, n, model.action_dim, rng)
@@ -291,7 +325,8 @@ def model_rollout(
         mean, log_std = policy(observations)
         if log_std is None:
             raise ValueError("model rollouts need a continuous Gaussian policy")
-        chosen = policy_step(policy, noise_process, mean, log_std)
+        centre = noise_centre(policy, observations, mean)
+        chosen = policy_step(policy, noise_process, mean, log_std, centre=centre)
         env_actions = np.asarray(chosen.env_actions, dtype=np.float32)
         member = torch.as_tensor(rng.integers(0, config.members, size=n))
         next_obs, rewards, terminals, uncertainty = model.step(
@@ -322,7 +357,14 @@ def model_rollout(
         obs = torch.as_tensor(np.where(keep[:, None], next_np, observations).astype(np.float32))
         if not alive.any():
             break
-    return _assemble(steps, n, max_weight, meta)
+    keep = None
+    if episode_filter is not None:
+        assert start_rows is not None
+        alive_steps = np.stack([step["alive"] for step in steps], 1)  # (n, T)
+        raw_rewards = np.stack([step["raw_reward"] for step in steps], 1).astype(np.float64)
+        returns = (raw_rewards * alive_steps).sum(1)
+        keep = episode_filter.keep(returns, alive_steps.sum(1), start_rows)
+    return _assemble(steps, n, max_weight, meta, keep)
 
 
 def _range(model: DynamicsEnsemble) -> torch.Tensor:
@@ -334,9 +376,14 @@ def _assemble(
     n: int,
     max_weight: float,
     meta: Mapping[str, Any] | None,
+    keep: npt.NDArray[np.bool_] | None = None,
 ) -> Transitions:
     # Reorder step-major records into episode-major rows (one model rollout = one episode).
     alive = np.stack([s["alive"] for s in steps], 1)  # (n, T)
+    dropped = 0
+    if keep is not None:
+        dropped = int((~keep & alive.any(1)).sum())
+        alive = alive & keep[:, None]
     # A rollout whose next step is dropped (NaN, out of bounds) ends at its last kept step, as
     # truncated.
     for t in range(alive.shape[1] - 1):
@@ -377,5 +424,6 @@ def _assemble(
             "format": "offaug-model-rollout",
             "weight_stats": weights.stats,
             "rollouts": n,
+            "episodes_dropped": dropped,
         },
     )

@@ -36,7 +36,7 @@ class DatasetRef:
     identity: str
     """Cache key of the source's content and loader options."""
     has_simulator_state: bool
-    """Whether it records infos/qpos and infos/qvel (branching from dataset states)."""
+    """Whether it records states to branch from (infos/qpos + infos/qvel, or infos/state)."""
     meta: dict[str, Any]
     """Spaces, env spec and reference scores."""
 
@@ -63,6 +63,8 @@ class AugmentedRef:
     manifest_checksum: str
     weight_stats: dict[str, Any]
     faults: int
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The rollout's own figures: its policy, the filter's kept/dropped episodes, mean return."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""The BC policy as numpy matrices: what every rollout and the diagnostics call per step.
+"""Rollout policies: the BC policy as numpy matrices, and a trained learner around it.
 
 For a rollout step's small batch, numpy's per-call overhead is half of torch's, and the loop
 never leaves numpy; :class:`BCRolloutPolicy` copies a trained BC network's linear layers and
-the action normaliser's affine map out of torch once.
+the action normaliser's affine map (:class:`offaug.pipeline.behaviour.ActionBox`) out of torch
+once. :class:`LearnerRolloutPolicy` rolls out a trained offline learner instead: the noise is
+centred on the learner's deterministic action, and beta_hat is still the BC policy's density.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from offaug.pipeline.behaviour import ActionBox
 
 
 class BCRolloutPolicy:
@@ -47,8 +51,7 @@ class BCRolloutPolicy:
             for m in network.modules()
             if isinstance(m, torch.nn.Linear)
         ]
-        self._scale = trainer.normaliser.scale.cpu().numpy().astype(np.float64)
-        self._offset = trainer.normaliser.offset.cpu().numpy().astype(np.float64)
+        self.box = ActionBox.from_normaliser(trainer.normaliser)
 
     def __call__(
         self, observations: npt.NDArray[np.float32]
@@ -68,8 +71,61 @@ class BCRolloutPolicy:
     def to_env(self, actions: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if self.discrete:
             return actions
-        return ((actions - self._offset) / self._scale).astype(np.float32)
+        return self.box.to_env(actions)
 
     @property
     def log_abs_det(self) -> float:
         return 0.0 if self.discrete else float(self.trainer.normaliser.log_abs_det)
+
+
+class LearnerRolloutPolicy:
+    """A trained offline learner's deterministic action, with the BC policy as beta_hat.
+
+    Satisfies :class:`offaug.pipeline.behaviour.CentredPolicy`: the rollout's noise is centred
+    on ``learner.act`` (mapped to the normalised box by the BC policy's :class:`ActionBox`;
+    discrete learners give action indices), while ``__call__``, ``to_env`` and
+    ``log_abs_det`` are the BC policy's, so log beta_hat and the weights mean what they mean
+    for BC rollouts.
+    """
+
+    def __init__(self, learner: Any, behaviour: BCRolloutPolicy) -> None:
+        if learner.spaces != behaviour.trainer.spaces:
+            raise ValueError(
+                f"the learner's spaces {learner.spaces} differ from the BC policy's "
+                f"{behaviour.trainer.spaces}: both must come from the same dataset"
+            )
+        self.learner = learner
+        self.behaviour = behaviour
+        self.discrete: bool = behaviour.discrete
+
+    def __call__(
+        self, observations: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any] | None]:
+        return self.behaviour(observations)
+
+    def centre(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
+        actions = np.asarray(self.learner.act(np.asarray(observations, dtype=np.float32)))
+        if self.discrete:
+            return actions.astype(np.int64).reshape(-1)
+        return self.behaviour.box.normalise(actions.reshape(len(observations), -1))
+
+    def to_env(self, actions: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return self.behaviour.to_env(actions)
+
+    @property
+    def log_abs_det(self) -> float:
+        return self.behaviour.log_abs_det
+
+
+def load_rollout_policy(behaviour: str, learner: str | None = None) -> Any:
+    """The rollout policy of checkpoints: BC (``learner`` None) or a learner around BC.
+
+    Returns a :class:`BCRolloutPolicy` or a :class:`LearnerRolloutPolicy`.
+    """
+    # torch comes with load_trainer: imported here for the reason given in __init__ above.
+    from offaug.algorithms.train import load_trainer
+
+    bc = BCRolloutPolicy(load_trainer(behaviour, device="cpu"))
+    if learner is None:
+        return bc
+    return LearnerRolloutPolicy(load_trainer(learner, device="cpu"), bc)

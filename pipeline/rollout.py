@@ -21,10 +21,15 @@ Terminations and truncations are recorded exactly as Gymnasium reports them; env
 reset by this loop (no automatic reset), so a step never mixes two episodes.
 
 **Start states.** ``reset`` starts every episode from ``env.reset``. ``dataset`` branches from
-dataset states: a random dataset transition's simulator state (``infos/qpos``, ``infos/qvel``,
-the :data:`~offaug.datasets.transitions.SIMULATOR_STATE_KEYS`, recorded by MuJoCo datasets made
-with offaug or Minari's collectors) is set with ``set_state`` after a reset; the time limit
-then counts from the branch point.
+dataset states: a dataset transition's recorded state (MuJoCo's ``infos/qpos``/``infos/qvel``
+or a classic-control env's ``infos/state``; :mod:`offaug.pipeline.env_state`) is set after a
+reset; the time limit then counts from the branch point. The transition is drawn uniformly or
+with given probabilities (``sparse`` starts, :mod:`offaug.pipeline.rollout_data`). With a
+``horizon`` H every episode ends as truncated after H steps (short branched rollouts, as in
+MBPO/MOPO), from dataset states and resets alike.
+
+**Filter.** ``filter: data`` drops an episode that earns less than the data from the same start
+before the weights are computed (:class:`~offaug.pipeline.rollout_data.EpisodeFilter`).
 
 **Faults.** An ``env.step`` that raises ends that environment's episode as truncated (the
 previous step becomes a timeout; the failed step is not data), the environment is reset, and
@@ -45,17 +50,22 @@ import numpy as np
 import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
-from offaug.datasets.transitions import SIMULATOR_STATE_KEYS, Source, Transitions
-from offaug.pipeline.behaviour import RolloutPolicy, policy_step, weight_columns
+from offaug.datasets.transitions import Source, Transitions
+from offaug.pipeline.behaviour import RolloutPolicy, noise_centre, policy_step, weight_columns
+from offaug.pipeline.env_state import StartStates, StateError, set_state
+from offaug.pipeline.env_state import dataset_start_states as dataset_start_states
 from offaug.pipeline.noise import DEFAULT_NOISE, ContinuousNoise, DiscreteNoise, NoiseSpec
-
-# Re-exported: the diagnostics import the numpy BC policy from here.
-from offaug.pipeline.policies import BCRolloutPolicy as BCRolloutPolicy
+from offaug.pipeline.rollout_data import (
+    RESET_START,
+    EpisodeFilter,
+    FilterKind,
+    StartsKind,
+    keep_episodes,
+)
+from offaug.pipeline.rollout_episodes import EpisodeStaging
 
 logger = logging.getLogger(__name__)
 StartKind = Literal["reset", "dataset"]
-StartStates = tuple[npt.NDArray[Any], npt.NDArray[Any]]
-"""``(qpos, qvel)`` arrays of dataset states to branch from."""
 
 
 class RolloutError(RuntimeError):
@@ -80,6 +90,14 @@ class RolloutConfig:
     """Where episodes start: environment resets, or branches from dataset states."""
     max_episode_steps: int | None = None
     """Override the environment's time limit."""
+    horizon: int | None = None
+    """End every episode as truncated after this many steps (None: at the time limit)."""
+    starts: StartsKind = "uniform"
+    """How dataset start states were weighted (the probabilities come with the states)."""
+    filter: FilterKind = "none"
+    """``data``: drop episodes that earn less than the data from the same start."""
+    filter_margin: float = 0.0
+    """Reward per step an episode may fall short of the data by and still be kept."""
     max_faults: int = 1000
     """Stop with an error after this many environment faults."""
 
@@ -107,15 +125,8 @@ class RolloutResult:
     episode_returns: list[float]
     weight_stats: dict[str, float]
     bad_steps: list[dict[str, Any]]
-
-
-def dataset_start_states(transitions: Transitions) -> StartStates | None:
-    """``(qpos, qvel)`` of a dataset's states when it records them (``info_keys`` on load)."""
-    keys = [f"infos/{key}" for key in SIMULATOR_STATE_KEYS]
-    if all(key in transitions.extras for key in keys):
-        qpos, qvel = (np.asarray(transitions.extras[key]) for key in keys)
-        return qpos, qvel
-    return None
+    episodes_dropped: int = 0
+    """Episodes the filter dropped (not in ``transitions`` or ``episode_returns``)."""
 
 
 def rollout(
@@ -124,28 +135,38 @@ def rollout(
     config: RolloutConfig,
     *,
     start_states: StartStates | None = None,
+    start_probabilities: npt.NDArray[np.float64] | None = None,
+    episode_filter: EpisodeFilter | None = None,
     meta: Mapping[str, Any] | None = None,
     close_envs: bool = True,
 ) -> RolloutResult:
-    """Collect ``config.episodes`` noisy episodes.
+    """Collect ``config.episodes`` noisy episodes (fewer when the filter drops some).
 
     Args:
-        policy: Mean actions and behaviour parameters (e.g.
+        policy: beta_hat's parameters and, for a centred policy, the noise centre (e.g.
             :class:`offaug.pipeline.policies.BCRolloutPolicy`).
         env_factory: A zero-argument callable that makes one environment.
-        config: Episodes, environments, noise, seed, clipping, start states.
-        start_states: ``(qpos, qvel)`` arrays to branch from when ``config.start == "dataset"``.
+        config: Episodes, environments, noise, seed, clipping, start states, horizon, filter.
+        start_states: The dataset's states to branch from when ``config.start == "dataset"``.
+        start_probabilities: (N,) how likely each start state is drawn (None: uniformly).
+        episode_filter: What an episode must earn to be kept (needed by ``filter: data``).
         meta: Copied into the result's ``Transitions.meta`` (spaces, env spec, provenance).
         close_envs: Close the environments at the end (False when they come from a pool).
     """
     if config.episodes <= 0 or config.n_envs <= 0:
         raise ValueError("episodes and n_envs must be positive")
+    if config.horizon is not None and config.horizon <= 0:
+        raise ValueError("horizon must be positive (or None)")
     if config.start == "dataset" and start_states is None:
-        raise RolloutError("start='dataset' needs the dataset's infos/qpos and infos/qvel")
+        raise RolloutError("start='dataset' needs the dataset's recorded states (infos/...)")
+    if config.filter == "data" and episode_filter is None:
+        raise ValueError("filter='data' needs the data's episode filter")
     # Rollout steps multiply small matrices: a multi-threaded BLAS only spins on a busy
     # machine, so numpy's BLAS runs on one thread here.
     with threadpool_limits(limits=1):
-        run = _Rollout(policy, env_factory, config, start_states)
+        chosen_filter = episode_filter if config.filter == "data" else None
+        run = _Rollout(policy, env_factory, config, (start_states, start_probabilities))
+        run.episode_filter = chosen_filter
         try:
             while run.active.any():
                 run.step()
@@ -167,39 +188,6 @@ class _StepOutcome:
     failed: npt.NDArray[np.bool_]
 
 
-class _Episodes:
-    """Per-env staging for the episodes in progress, and the finished episodes' columns."""
-
-    def __init__(self, columns: Mapping[str, tuple[tuple[int, ...], Any]], n_envs: int, limit: int):
-        # Pre-allocated for a whole time limit per environment.
-        self.staging = {k: np.zeros((n_envs, limit, *s), dtype=d) for k, (s, d) in columns.items()}
-        self.lengths = np.zeros(n_envs, dtype=np.int64)
-        self.output = _GrowingColumns(columns)
-        self.episode_lengths: list[int] = []
-        self.returns: list[float] = []
-
-    def record(self, rows: npt.NDArray[np.int64], values: Mapping[str, npt.NDArray[Any]]) -> None:
-        """Append one step to each of ``rows``' episodes."""
-        t = self.lengths[rows]
-        for name, column in values.items():
-            self.staging[name][rows, t] = column
-        self.lengths[rows] = t + 1
-
-    def mark_last_timeout(self, env: int) -> None:
-        """End ``env``'s episode at its last recorded step, as truncated."""
-        if self.lengths[env] > 0:
-            self.staging["timeouts"][env, self.lengths[env] - 1] = True
-
-    def finish(self, env: int) -> None:
-        """Move ``env``'s episode to the output (if it has steps) and empty its staging."""
-        n = int(self.lengths[env])
-        if n > 0:
-            self.output.append({k: v[env] for k, v in self.staging.items()}, n)
-            self.episode_lengths.append(n)
-            self.returns.append(float(self.staging["rewards"][env, :n].sum()))
-        self.lengths[env] = 0
-
-
 class _Rollout:
     """The state of one rollout: environments, noise, episodes, faults; one step at a time."""
 
@@ -208,9 +196,11 @@ class _Rollout:
         policy: RolloutPolicy,
         env_factory: Callable[[], Any],
         config: RolloutConfig,
-        start_states: StartStates | None,
+        starts: tuple[StartStates | None, npt.NDArray[np.float64] | None],
     ) -> None:
-        self.policy, self.config, self.start_states = policy, config, start_states
+        self.policy, self.config = policy, config
+        self.start_states, self.start_probabilities = starts
+        self.episode_filter: EpisodeFilter | None = None
         self.rng = np.random.default_rng(config.seed)
         n_envs = min(config.n_envs, config.episodes)
         self.envs = [env_factory() for _ in range(n_envs)]
@@ -229,6 +219,8 @@ class _Rollout:
             action_shape, action_dtype = (action_dim,), np.float32
         spec_limit = getattr(self.envs[0].spec, "max_episode_steps", None)
         self.limit = config.max_episode_steps or spec_limit or 1000
+        if config.horizon is not None:
+            self.limit = min(self.limit, config.horizon)
         columns = {
             "observations": ((self.observation_dim,), np.float32),
             "actions": (action_shape, action_dtype),
@@ -239,11 +231,12 @@ class _Rollout:
             "rollout_log_prob": ((), np.float64),
             "behaviour_log_prob": ((), np.float64),
         }
-        self.episodes = _Episodes(columns, n_envs, self.limit)
+        self.episodes = EpisodeStaging(columns, n_envs, self.limit)
         self.faults: list[Fault] = []
         self.bad_steps: list[dict[str, Any]] = []
         self.observations = np.zeros((n_envs, self.observation_dim), dtype=np.float32)
         self.active = np.ones(n_envs, dtype=bool)
+        self.start_rows = np.full(n_envs, RESET_START, dtype=np.int64)
         self.started = 0
         self.step_count = 0
         for env_index in range(n_envs):
@@ -258,11 +251,14 @@ class _Rollout:
                 obs, _ = self.envs[i].reset(seed=seed)
                 if config.start == "dataset":
                     assert self.start_states is not None
-                    qpos, qvel = self.start_states
-                    row = int(self.rng.integers(0, len(qpos)))
-                    obs = _set_simulator_state(self.envs[i], qpos[row], qvel[row])
+                    row = self._draw_start_row(len(self.start_states))
+                    states = self.start_states
+                    obs = set_state(self.envs[i], states.kind, states.row(row))
+                    self.start_rows[i] = row
                 self.observations[i] = np.asarray(obs, dtype=np.float32).reshape(-1)
                 break
+            except StateError as exc:
+                raise RolloutError(str(exc)) from exc
             except RolloutError:
                 raise
             except Exception as exc:  # arbitrary environment code: count it and retry
@@ -272,9 +268,15 @@ class _Rollout:
         self.noise.reset([i])
         self.started += 1
 
+    def _draw_start_row(self, n: int) -> int:
+        if self.start_probabilities is None:
+            return int(self.rng.integers(0, n))
+        return int(self.rng.choice(n, p=self.start_probabilities))
+
     def finish_episode(self, i: int) -> None:
         """Keep environment ``i``'s episode; start its next one, or retire it."""
-        self.episodes.finish(i)
+        self.episodes.finish(i, int(self.start_rows[i]))
+        self.start_rows[i] = RESET_START
         if self.started < self.config.episodes:
             self.start_episode(i)
         else:
@@ -285,9 +287,12 @@ class _Rollout:
         if len(self.faults) > self.config.max_faults:
             raise RolloutError(f"{len(self.faults)} environment faults; last: {self.faults[-1]}")
         index = np.flatnonzero(self.active)
-        mean, log_std = self.policy(self.observations[index])
+        observations = self.observations[index]
+        mean, log_std = self.policy(observations)
         self._check_policy_output(mean, log_std)
-        chosen = policy_step(self.policy, self.noise, mean, log_std, index)
+        centre = noise_centre(self.policy, observations, mean)
+        self._check_policy_output(np.asarray(centre, dtype=np.float64), None)
+        chosen = policy_step(self.policy, self.noise, mean, log_std, index, centre)
         self.step_count += 1
         outcome = self._step_envs(index, chosen.env_actions)
         ok = self._screen(index, chosen.env_actions, outcome)
@@ -386,6 +391,14 @@ class _Rollout:
         """The collected episodes as :class:`Transitions` with every weight column."""
         data = self.episodes.output.result()
         lengths = np.asarray(self.episodes.episode_lengths, dtype=np.int64)
+        returns = np.asarray(self.episodes.returns, dtype=np.float64)
+        dropped = 0
+        if self.episode_filter is not None:
+            start_rows = np.asarray(self.episodes.start_rows, dtype=np.int64)
+            keep = self.episode_filter.keep(returns, lengths, start_rows)
+            data = keep_episodes(data, lengths, keep)
+            lengths, returns = lengths[keep], returns[keep]
+            dropped = int((~keep).sum())
         weights = weight_columns(
             data["behaviour_log_prob"], data["rollout_log_prob"], lengths, self.config.max_weight
         )
@@ -408,47 +421,13 @@ class _Rollout:
                     **self.config.to_json(),
                     "faults": len(self.faults),
                     "weight_stats": weights.stats,
+                    "episodes_dropped": dropped,
                 },
             },
         )
         return RolloutResult(
-            transitions, self.faults, self.episodes.returns, weights.stats, self.bad_steps
+            transitions, self.faults, returns.tolist(), weights.stats, self.bad_steps, dropped
         )
-
-
-class _GrowingColumns:
-    """Column arrays that double their capacity as episodes are appended."""
-
-    def __init__(self, shapes: Mapping[str, tuple[tuple[int, ...], Any]]) -> None:
-        self.capacity = 1024
-        self.size = 0
-        self.arrays = {k: np.empty((self.capacity, *s), dtype=d) for k, (s, d) in shapes.items()}
-
-    def append(self, block: Mapping[str, npt.NDArray[Any]], rows: int) -> None:
-        while self.size + rows > self.capacity:
-            self.capacity *= 2
-            for name, array in self.arrays.items():
-                grown = np.empty((self.capacity, *array.shape[1:]), dtype=array.dtype)
-                grown[: self.size] = array[: self.size]
-                self.arrays[name] = grown
-        for name, values in block.items():
-            self.arrays[name][self.size : self.size + rows] = values[:rows]
-        self.size += rows
-
-    def result(self) -> dict[str, npt.NDArray[Any]]:
-        return {k: v[: self.size].copy() for k, v in self.arrays.items()}
-
-
-def _set_simulator_state(
-    env: Any, qpos: npt.NDArray[Any], qvel: npt.NDArray[Any]
-) -> npt.NDArray[Any]:
-    base = env.unwrapped
-    if not hasattr(base, "set_state"):
-        raise RolloutError(
-            f"{base.spec.id if base.spec else base}: cannot set simulator state; use start='reset'"
-        )
-    base.set_state(qpos, qvel)
-    return np.asarray(base._get_obs())
 
 
 def describe(result: RolloutResult) -> str:
@@ -459,6 +438,7 @@ def describe(result: RolloutResult) -> str:
             "episodes": len(result.episode_returns),
             "steps": len(result.transitions),
             "faults": len(result.faults),
+            "episodes_dropped": result.episodes_dropped,
             "ess_fraction": round(stats.get("ess_fraction", 0.0), 4),
         }
     )

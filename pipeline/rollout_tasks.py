@@ -1,10 +1,12 @@
 """Rollouts as units of work: tasks that travel to Dask workers, their shards, the shard set.
 
 A rollout of E episodes is split into tasks (:func:`split_tasks`), each with its own seed and
-shard; :func:`run_rollout_task` loads the policy and the dataset, rolls out
-(:func:`offaug.pipeline.rollout.rollout`) and writes one shard atomically;
+shard; :func:`run_rollout_task` loads the policy (BC, or a trained learner around BC) and the
+dataset (its states to branch from, where branches start, the returns the filter compares
+with), rolls out (:func:`offaug.pipeline.rollout.rollout`) and writes one shard atomically;
 :func:`merge_rollout_shards` writes the shard set's manifest over the finished tasks, with the
-weight statistics and the self-normalisation constant pooled over every shard.
+weight statistics, the self-normalisation constant and the filter's counts pooled over every
+shard.
 :func:`rollout_to_shard_set` does all three in this process and replaces a directory as a whole.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomic
 from offaug.datasets.shards import (
@@ -29,9 +32,17 @@ from offaug.datasets.shards import (
     write_shard,
 )
 from offaug.datasets.sources import load_transitions
-from offaug.datasets.transitions import SIMULATOR_STATE_KEYS, SPACE_META_KEYS
+from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
 from offaug.pipeline.behaviour import weight_statistics
-from offaug.pipeline.rollout import RolloutConfig, RolloutResult, dataset_start_states, rollout
+from offaug.pipeline.env_state import dataset_start_states, load_with_states
+from offaug.pipeline.rollout import RolloutConfig, RolloutResult, rollout
+from offaug.pipeline.rollout_data import (
+    EpisodeFilter,
+    FilterKind,
+    ReturnBaseline,
+    sparsity,
+    start_probabilities,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +61,8 @@ class RolloutTask:
     """Roll out in this env instead of the dataset's."""
     task_index: int = 0
     """Position among the tasks of one rollout stage."""
+    learner: str | None = None
+    """Checkpoint of a trained learner whose action the noise is centred on (None: BC's)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +73,8 @@ class RolloutShard:
     weight_stats: dict[str, float]
     faults: int
     episode_returns: tuple[float, ...]
+    episodes_dropped: int = 0
+    """Episodes the filter dropped (``episode_returns`` holds the kept ones)."""
 
 
 def save_faults(result: RolloutResult, directory: str | Path, name: str = "faults") -> Path | None:
@@ -88,12 +103,12 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
     # torch comes with these: imported when a task runs, not when a Dask worker unpickles the
     # stage module.
     from offaug.algorithms.evaluate import make_env
-    from offaug.algorithms.train import load_trainer
-    from offaug.pipeline.policies import BCRolloutPolicy
+    from offaug.pipeline.policies import load_rollout_policy
 
-    branch = task.config.start == "dataset"
-    data = load_transitions(task.source, info_keys=list(SIMULATOR_STATE_KEYS) if branch else [])
-    policy = BCRolloutPolicy(load_trainer(task.policy, device="cpu"))
+    config = task.config
+    branch = config.start == "dataset"
+    data = load_with_states(task.source)[0] if branch else load_transitions(task.source)
+    policy = load_rollout_policy(task.policy, task.learner)
     kwargs: dict[str, Any] = {}
     if task.config.max_episode_steps is not None:
         kwargs["max_episode_steps"] = task.config.max_episode_steps
@@ -103,6 +118,8 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
         "source": task.source,
         "policy": task.policy,
         "policy_checkpoint_xxh3": checkpoint_hash(task.policy),
+        "learner": task.learner,
+        "learner_checkpoint_xxh3": checkpoint_hash(task.learner) if task.learner else None,
         "noise": task.config.noise.text,
         "seed": task.config.seed,
         "env_id": task.env_id,
@@ -120,8 +137,10 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
     result = rollout(
         policy,
         pooled_env,
-        task.config,
+        config,
         start_states=dataset_start_states(data) if branch else None,
+        start_probabilities=dataset_start_probabilities(data, config) if branch else None,
+        episode_filter=data_filter(data, config.filter, config.filter_margin),
         meta=meta,
         close_envs=False,
     )
@@ -132,7 +151,39 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
     shard_path.parent.mkdir(parents=True, exist_ok=True)
     save_faults(result, shard_path.parent, f"{shard_path.stem}.faults")
     ref = write_shard(result.transitions, shard_path)
-    return RolloutShard(ref, result.weight_stats, len(result.faults), tuple(result.episode_returns))
+    return RolloutShard(
+        ref,
+        result.weight_stats,
+        len(result.faults),
+        tuple(result.episode_returns),
+        result.episodes_dropped,
+    )
+
+
+def dataset_start_probabilities(
+    data: Transitions, config: RolloutConfig
+) -> npt.NDArray[np.float64] | None:
+    """How likely each dataset state is as a branch point: None (uniform) or ``sparse``."""
+    if config.starts == "uniform":
+        return None
+    if config.starts == "sparse":
+        return start_probabilities(sparsity(data.observations))
+    raise ValueError(f"starts={config.starts!r} needs the model backend")
+
+
+def data_filter(data: Transitions, kind: FilterKind, margin: float) -> EpisodeFilter | None:
+    """The episode filter of ``filter: data`` (None for ``none``)."""
+    if kind == "none":
+        return None
+    return EpisodeFilter(ReturnBaseline.from_transitions(data), margin)
+
+
+def filter_counts(results: Sequence[RolloutShard]) -> dict[str, int]:
+    """Episodes kept and dropped by the filter over every task."""
+    return {
+        "kept": sum(len(r.episode_returns) for r in results),
+        "dropped": sum(r.episodes_dropped for r in results),
+    }
 
 
 def split_tasks(
@@ -142,6 +193,7 @@ def split_tasks(
     out: str | Path,
     tasks: int,
     env_id: str | None = None,
+    learner: str | None = None,
 ) -> list[RolloutTask]:
     """Split ``config.episodes`` over ``tasks`` tasks, each with its own seed and shard."""
     tasks = max(1, min(tasks, config.episodes))
@@ -156,6 +208,7 @@ def split_tasks(
             shard_path=str(Path(out) / f"shard-{i:05d}.arrow"),
             env_id=env_id,
             task_index=i,
+            learner=learner,
         )
         for i, count in enumerate(counts)
     ]
@@ -167,8 +220,9 @@ def merge_rollout_shards(
     """Write the shard-set manifest over finished rollout tasks.
 
     The weight statistics and the mean importance weight that ``self_normalised_weight`` is
-    divided by are pooled over every shard (the set's reader applies the pooled mean).
-    ``params`` (JSON values: the noise as its text) are stored in the manifest.
+    divided by are pooled over every shard (the set's reader applies the pooled mean), and so
+    are the filter's counts (``filter_counts``: episodes ``kept`` and ``dropped``). ``params``
+    (JSON values: the noise as its text) are stored in the manifest.
     """
     directory = Path(out).absolute()
     weights = []
@@ -202,18 +256,20 @@ def merge_rollout_shards(
             **{
                 k: v
                 for k, v in provenance.items()
-                if k in ("source", "policy", "policy_checkpoint_xxh3", "env_id")
+                if k in ("source", "policy", "policy_checkpoint_xxh3", "learner", "env_id")
             },
         },
         params={
             **dict(params),
             "weight_stats": pooled,
             **normaliser,
+            "filter_counts": filter_counts(results),
             "per_shard": [
                 {
                     "weight_stats": r.weight_stats,
                     "faults": r.faults,
                     "episodes": len(r.episode_returns),
+                    "episodes_dropped": r.episodes_dropped,
                 }
                 for r in results
             ],
@@ -245,6 +301,7 @@ def rollout_to_shard_set(
     *,
     tasks: int = 1,
     env_id: str | None = None,
+    learner: str | Path | None = None,
     overwrite: bool = False,
     on_task: Callable[[RolloutTask, int], None] | None = None,
 ) -> RolloutOutcome:
@@ -260,6 +317,7 @@ def rollout_to_shard_set(
         out: The shard-set directory to write.
         tasks: Shards (units of work), each with its own seed.
         env_id: Roll out in this env instead of the dataset's.
+        learner: A trained learner's checkpoint to centre the noise on (None: BC's action).
         overwrite: Replace an existing ``out``.
         on_task: Called with each task and the number of tasks before it runs (progress).
 
@@ -272,7 +330,15 @@ def rollout_to_shard_set(
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = tmp_name(final)
     try:
-        jobs = split_tasks(source, str(policy), config, staging, tasks, env_id=env_id)
+        jobs = split_tasks(
+            source,
+            str(policy),
+            config,
+            staging,
+            tasks,
+            env_id=env_id,
+            learner=None if learner is None else str(learner),
+        )
         results = []
         for job in jobs:
             if on_task is not None:
@@ -285,6 +351,10 @@ def rollout_to_shard_set(
                 "noise": config.noise.text,
                 "max_weight": config.max_weight,
                 "episodes": config.episodes,
+                "horizon": config.horizon,
+                "starts": config.starts,
+                "filter": config.filter,
+                "filter_margin": config.filter_margin,
             },
         )
         replace_directory(staging, final)

@@ -27,7 +27,7 @@ from offaug.datasets.atomic import write_json_atomic
 from offaug.datasets.errors import DataError
 from offaug.datasets.shards import ShardSet, file_checksum
 from offaug.datasets.sources import cache_key, resolve_source
-from offaug.datasets.transitions import SIMULATOR_STATE_KEYS
+from offaug.pipeline.env_state import STATE_KINDS
 from offaug.pipeline.keys import from_json, to_json
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
 from offaug.pipeline.rollout_tasks import RolloutShard
@@ -70,8 +70,9 @@ def outputs_verify(result: Any) -> bool:
             resolved = resolve_source(result.source)
         except Exception:  # a source that vanished is simply stale
             return False
-        keys = {"info_keys": list(SIMULATOR_STATE_KEYS) if result.has_simulator_state else []}
-        return cache_key(resolved, keys) == result.identity
+        # The identity holds the infos keys of the state kind the source records (if any).
+        kinds = [list(k.keys) for k in STATE_KINDS] if result.has_simulator_state else [[]]
+        return any(cache_key(resolved, {"info_keys": k}) == result.identity for k in kinds)
     if isinstance(result, dict) and result.get("kind") == "files":
         return all(Path(p).is_file() for p in result["paths"])
     return True

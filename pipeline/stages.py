@@ -11,7 +11,6 @@ are imported inside the stages that use them, and this module's header holds non
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import uuid
@@ -21,33 +20,30 @@ from typing import Any
 import numpy as np
 
 from offaug.datasets.atomic import replace_directory, write_json_atomic
-from offaug.datasets.errors import DataError, DatasetNotFoundError
+from offaug.datasets.errors import DatasetNotFoundError
 from offaug.datasets.generate import make_dataset
 from offaug.datasets.publish import publish_dataset
 from offaug.datasets.shards import ShardSet, file_checksum
 from offaug.datasets.sources import cache_key, load_transitions, resolve_source
-from offaug.datasets.transitions import SIMULATOR_STATE_KEYS, SPACE_META_KEYS
+from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
+from offaug.pipeline.env_state import load_with_states
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.media_stages import media_metrics
-from offaug.pipeline.rollout import RolloutConfig
-from offaug.pipeline.rollout_tasks import (
-    RolloutShard,
-    RolloutTask,
-    merge_rollout_shards,
-    run_rollout_task,
-    split_tasks,
-)
+
+# The rollout stages live in their own module; the graph wires them from here.
+from offaug.pipeline.rollout_stages import merge_rollouts as merge_rollouts
+from offaug.pipeline.rollout_stages import model_rollout_task as model_rollout_task
+from offaug.pipeline.rollout_stages import rollout_shard as rollout_shard
+from offaug.pipeline.rollout_stages import rollout_tasks as rollout_tasks
+from offaug.pipeline.rollout_stages import train_dynamics_stage as train_dynamics_stage
 from offaug.pipeline.workflow import (
     BCConfigModel,
     DiagnosticsModel,
     EvaluationModel,
-    RolloutModel,
     SourceConfig,
     TrainModel,
     Workflow,
 )
-
-_STATE_KEYS = list(SIMULATOR_STATE_KEYS)
 
 
 def _meta_subset(meta: Any) -> dict[str, Any]:
@@ -72,19 +68,15 @@ def prepare_source(config: SourceConfig) -> DatasetRef:
             max_episode_steps=make.max_episode_steps,
         )
         resolved = resolve_source(config.dataset)
-    try:
-        data = load_transitions(config.dataset, info_keys=_STATE_KEYS)
-        has_state = True
-    except DataError:
-        # Datasets without simulator state still load; they just cannot be branched from.
-        data = load_transitions(config.dataset)
-        has_state = False
+    # Datasets without recorded states still load; they just cannot be branched from.
+    data, state_kind = load_with_states(config.dataset)
+    info_keys = list(state_kind.keys) if state_kind is not None else []
     return DatasetRef(
         source=config.dataset,
         rows=len(data),
         episodes=data.num_episodes,
-        identity=cache_key(resolved, {"info_keys": _STATE_KEYS if has_state else []}),
-        has_simulator_state=has_state,
+        identity=cache_key(resolved, {"info_keys": info_keys}),
+        has_simulator_state=state_kind is not None,
         meta=_meta_subset(data.meta),
     )
 
@@ -125,14 +117,37 @@ def _last_metrics(run_dir: Path) -> dict[str, Any]:
     return {"train": train[-1] if train else {}, "eval": evals[-1] if evals else None}
 
 
+def data_score(data: Transitions) -> dict[str, Any]:
+    """The data's own mean episode return and its normalised score (reference scores)."""
+    from offaug.algorithms.evaluate import normalised_score, reference_scores  # torch: see top
+
+    bounds = data.episode_bounds()
+    rewards = np.asarray(data.rewards, dtype=np.float64)
+    returns = np.add.reduceat(rewards, bounds[:-1]) if len(rewards) else np.zeros(0)
+    mean_return = float(returns.mean()) if len(returns) else 0.0
+    return {
+        "episodes": len(returns),
+        "return": mean_return,
+        "normalised_score": normalised_score(mean_return, reference_scores(data.meta, None)),
+    }
+
+
 def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> ModelRef:
-    """Behaviour cloning (Gaussian): the rollout policy and the behaviour model."""
+    """Behaviour cloning (Gaussian): the rollout policy and the behaviour model.
+
+    Its metrics hold the final training line, its own evaluation (``eval``: mean ``return``
+    and ``normalised_score`` over ``config.evaluation_episodes`` greedy episodes, with the
+    learners' evaluation seeds) when the dataset records its env, and the data's own score
+    (``data``: :func:`data_score`), so a report can set the rollout policy against the data.
+    """
     from offaug.algorithms.train import TrainOptions, train  # imports torch: see the top
 
+    evaluate = config.evaluation_episodes > 0 and bool(data.meta.get("env_spec"))
     options = TrainOptions(
         steps=config.steps,
         seed=seed,
-        eval_every=0,
+        eval_every=config.steps if evaluate else 0,
+        eval_episodes=max(1, config.evaluation_episodes),
         log_every=max(1, config.steps // 10),
         checkpoint_every=config.steps,
         threads=None,
@@ -147,133 +162,8 @@ def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> Mo
     final = _train_into(
         out, lambda d: train("bc", [data.source], d, config=learner, options=options)
     )
-    return _model_ref("bc", final / "checkpoint.pt", _last_metrics(final))
-
-
-def rollout_tasks(
-    data: DatasetRef, bc: ModelRef, config: RolloutModel, out: str, seed: int
-) -> list[RolloutTask]:
-    """The rollout stage's tasks (references only), one shard each."""
-    start = config.start if data.has_simulator_state else "reset"
-    rollout_config = RolloutConfig(
-        episodes=config.episodes,
-        n_envs=config.n_envs,
-        noise=config.noise,
-        seed=seed,
-        max_weight=config.max_weight,
-        start=start,
-        max_episode_steps=config.max_episode_steps,
-    )
-    return split_tasks(data.source, bc.path, rollout_config, out, config.tasks, env_id=config.env)
-
-
-def rollout_shard(
-    data: DatasetRef, bc: ModelRef, config: RolloutModel, out: str, seed: int, task_index: int
-) -> RolloutShard:
-    """Task ``task_index`` of the rollout stage: roll out its episodes and write its shard."""
-    tasks = rollout_tasks(data, bc, config, out, seed)
-    if task_index >= len(tasks):
-        raise ValueError(f"rollout task {task_index} of {len(tasks)}: more tasks than episodes")
-    return run_rollout_task(tasks[task_index])
-
-
-def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
-    """Fit the learned-dynamics ensemble (rollout backend 'model')."""
-    from offaug.datasets.sources import load_transitions
-    from offaug.pipeline.dynamics import DynamicsConfig, save_dynamics, train_dynamics
-
-    dyn = config.dynamics
-    model, losses = train_dynamics(
-        load_transitions(data.source),
-        DynamicsConfig(
-            members=dyn.members,
-            hidden=tuple(dyn.hidden),
-            steps=dyn.steps,
-            horizon=dyn.horizon,
-            penalty=dyn.penalty,
-            seed=seed,
-        ),
-    )
-    path = save_dynamics(model, out)
-    return _model_ref("dynamics", path, losses)
-
-
-def model_rollout_task(
-    data: DatasetRef,
-    bc: ModelRef,
-    dynamics: ModelRef,
-    config: RolloutModel,
-    shard_path: str,
-    task_index: int,
-    seed: int,
-) -> RolloutShard:
-    """One task of model rollouts from random dataset states, written as one shard."""
-    # torch comes with these: imported when the task runs, not when a worker unpickles stages.
-    from offaug.algorithms.train import load_trainer
-    from offaug.datasets.shards import write_shard
-    from offaug.datasets.sources import load_transitions
-    from offaug.pipeline.dynamics import load_dynamics, model_rollout
-    from offaug.pipeline.policies import BCRolloutPolicy
-
-    original = load_transitions(data.source)
-    model = load_dynamics(dynamics.path)
-    model = _with_seed(model, seed * 1000 + task_index)
-    rng = np.random.default_rng(seed * 1000 + task_index)
-    starts = np.asarray(
-        original.observations[rng.integers(0, len(original), config.dynamics.starts)]
-    )
-    policy = BCRolloutPolicy(load_trainer(bc.path, device="cpu"))
-    meta = {
-        **data.meta,
-        "provenance": {
-            "source": data.source,
-            "policy": bc.path,
-            "policy_checkpoint_xxh3": bc.checksum,
-            "dynamics": dynamics.path,
-            "noise": config.noise.text,
-            "seed": seed,
-            "task_index": task_index,
-        },
-    }
-    out = model_rollout(
-        model, policy, starts, noise=config.noise, max_weight=config.max_weight, meta=meta
-    )
-    Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
-    ref = write_shard(out, shard_path)
-    bounds = out.episode_bounds()
-    returns = (
-        np.add.reduceat(out.rewards.astype(np.float64), bounds[:-1]) if len(out) else np.zeros(0)
-    )
-    return RolloutShard(ref, dict(out.meta["weight_stats"]), 0, tuple(float(r) for r in returns))
-
-
-def _with_seed(model: Any, seed: int) -> Any:
-    model.config = dataclasses.replace(model.config, seed=seed)
-    return model
-
-
-def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) -> AugmentedRef:
-    """Write the augmented shard set's manifest over the finished tasks."""
-    shard_set = merge_rollout_shards(
-        out,
-        results,
-        {
-            "noise": config.noise.text,
-            "max_weight": config.max_weight,
-            "backend": config.backend,
-            "episodes": config.episodes,
-            "tasks": config.tasks,
-        },
-    )
-    return AugmentedRef(
-        directory=shard_set.directory,
-        rows=shard_set.rows,
-        episodes=shard_set.episodes,
-        shards=len(shard_set.shards),
-        manifest_checksum=file_checksum(shard_set.manifest_path),
-        weight_stats=dict(shard_set.params["weight_stats"]),
-        faults=sum(r.faults for r in results),
-    )
+    metrics = {**_last_metrics(final), "data": data_score(load_transitions(data.source))}
+    return _model_ref("bc", final / "checkpoint.pt", metrics)
 
 
 def train_offline(

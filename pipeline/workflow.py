@@ -86,8 +86,12 @@ class SourceConfig(_Strict):
 class BCConfigModel(_Strict):
     """Behaviour cloning: the rollout policy's warm start and the behaviour model."""
 
-    steps: int = Field(5000, gt=0, description="Gradient steps.")
-    hidden: tuple[int, ...] = Field((256, 256), description="Hidden layer widths.")
+    steps: int = Field(
+        20_000,
+        gt=0,
+        description="Gradient steps: the clone is the rollout policy, so train it to convergence.",
+    )
+    hidden: tuple[int, ...] = Field((64, 64), description="Hidden layer widths.")
     learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate.")
     batch_size: int = Field(256, gt=0, description="Transitions per step.")
     compile: bool = Field(
@@ -95,6 +99,14 @@ class BCConfigModel(_Strict):
         description=(
             "torch.compile the Gaussian BC loss: 1.13x (256x256) to 1.42x (64x64) steps/s on one"
             " CPU thread after 3-11 s of compiling; pays for runs of tens of thousands of steps."
+        ),
+    )
+    evaluation_episodes: int = Field(
+        10,
+        ge=0,
+        description=(
+            "Greedy episodes to evaluate the clone in the dataset's env after training (its"
+            " return and normalised score go into the BC stage's metrics; 0: no evaluation)."
         ),
     )
 
@@ -111,10 +123,22 @@ class DynamicsModel(_Strict):
 
 
 class RolloutModel(_Strict):
-    """Noisy rollouts of the BC policy."""
+    """Noisy rollouts of the BC policy, or of a trained learner's policy."""
 
-    backend: Literal["simulator", "model"] = Field(
-        "simulator", description="The dataset's simulator, or a learned dynamics ensemble."
+    backend: Literal["simulator", "model", "none"] = Field(
+        "simulator",
+        description=(
+            "The dataset's simulator, a learned dynamics ensemble, or none (a recipe without"
+            " rollouts)."
+        ),
+    )
+    policy: Algorithm = Field(
+        "bc",
+        description=(
+            "What the noise is centred on: 'bc' (the BC stage's clone) or a learner name (its"
+            " policy trained on the original data with the same seed, e.g. bcq). log mu is the"
+            " noise's density around that action; log beta_hat is always the BC density."
+        ),
     )
     noise: Noise = Field(
         DEFAULT_NOISE,
@@ -124,7 +148,44 @@ class RolloutModel(_Strict):
     tasks: int = Field(4, gt=0, description="Units of parallel work; one shard each.")
     n_envs: int = Field(16, gt=0, description="Environments stepped together per task.")
     start: Literal["reset", "dataset"] = Field(
-        "reset", description="Start from env resets or branch from dataset states."
+        "reset",
+        description=(
+            "Start from env resets or branch from dataset states (MuJoCo qpos/qvel or a"
+            " classic-control env's state, as the dataset records them)."
+        ),
+    )
+    horizon: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "End every episode as truncated after H steps (short branched rollouts, as in"
+            " MBPO/MOPO); null: at the time limit. The model backend uses it in place of"
+            " dynamics.horizon when set."
+        ),
+    )
+    starts: Literal["uniform", "sparse", "disagreement"] = Field(
+        "uniform",
+        description=(
+            "Which dataset states branches start from: uniformly, 'sparse' (in proportion to"
+            " each state's k-NN distance to the rest of the data, standardised), or"
+            " 'disagreement' (model backend: in proportion to the ensemble's spread at the"
+            " dataset action)."
+        ),
+    )
+    filter: Literal["none", "data"] = Field(
+        "none",
+        description=(
+            "'data': drop augmented episodes that earn less than the data (a branch: the"
+            " data's own continuation from its start over as many steps, or the data's mean"
+            " reward per step times its length; a reset: the data's mean reward per step)."
+        ),
+    )
+    filter_margin: float = Field(
+        0.0,
+        description=(
+            "Reward per step an episode may fall short of the data by and still be kept"
+            " (negative: it must beat the data by that much)."
+        ),
     )
     max_weight: float = Field(100.0, gt=0, description="Importance weights are clipped here.")
     max_episode_steps: int | None = Field(None, gt=0, description="Override the time limit.")
@@ -137,6 +198,8 @@ class RolloutModel(_Strict):
     def _tasks_fit(self) -> RolloutModel:
         if self.backend == "simulator" and self.tasks > self.episodes:
             raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
+        if self.starts == "disagreement" and self.backend != "model":
+            raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
         return self
 
 

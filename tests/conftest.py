@@ -56,6 +56,7 @@ DATASET_SPECS: dict[str, tuple[str, int, int | None]] = {
     "hopper": ("Hopper-v5", 40, 30),
     "point": ("offaug/PointGoal-v0", 15, None),
     "cartpole": ("CartPole-v1", 20, 25),
+    "pendulum": ("Pendulum-v1", 8, 40),
 }
 
 

@@ -1,23 +1,33 @@
 """The behaviour model beta_hat and the noisy rollout policy mu, as the diagnostics see them.
 
 :class:`ActionSpace` maps environment actions to and from the normalised box [-1, 1]^d in which
-every density here is measured; :class:`BehaviourModel` is beta_hat(a|s) as arrays (from the BC
-checkpoint); :func:`_rollout_divergence` compares the noisy rollout policy mu with beta_hat.
+every density here is measured (with :class:`offaug.pipeline.behaviour.ActionBox`, the map the
+rollouts use); :class:`BehaviourModel` is beta_hat(a|s) as arrays (from the BC checkpoint);
+:func:`_rollout_divergence` compares the noisy rollout policy mu with beta_hat, stepping it as
+a rollout does (:func:`offaug.pipeline.behaviour.policy_step`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from offaug.pipeline.behaviour import (
+    ActionBox,
+    behaviour_log_prob,
+    categorical_log_prob,
+    epsilon_greedy_probabilities,
+    policy_step,
+)
 from offaug.pipeline.diagnostics.sampling import FloatArray, chunks
 from offaug.pipeline.diagnostics.schema import PolicyDivergence
-from offaug.pipeline.noise import ContinuousNoise, parse_noise, truncnorm_log_prob
-from offaug.pipeline.rollout import BCRolloutPolicy
+from offaug.pipeline.noise import ContinuousNoise, DiscreteNoise, parse_noise
+from offaug.pipeline.policies import BCRolloutPolicy
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -50,14 +60,18 @@ class ActionSpace:
         high_array = np.asarray(high, dtype=np.float64).reshape(-1)
         return cls(False, low_array, high_array, len(low_array))
 
+    @functools.cached_property
+    def action_box(self) -> ActionBox:
+        """The map between the bounds and [-1, 1]^d (continuous only)."""
+        return ActionBox.from_bounds(self.low, self.high)
+
     def normalise(self, actions: npt.NDArray[Any]) -> FloatArray:
         """Environment actions into [-1, 1]^d (clipped), as the learners see them."""
-        scaled = 2.0 * (np.asarray(actions, dtype=np.float64) - self.low) / (self.high - self.low)
-        return np.clip(scaled - 1.0, -1.0, 1.0)
+        return self.action_box.normalise(actions)
 
     def denormalise(self, actions: FloatArray) -> npt.NDArray[np.float32]:
         """[-1, 1]^d actions to the environment's bounds."""
-        return (self.low + (actions + 1.0) * 0.5 * (self.high - self.low)).astype(np.float32)
+        return self.action_box.to_env(actions)
 
     def features(self, actions: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
         """Network inputs: the normalised action, or a one-hot row for a discrete one."""
@@ -86,7 +100,9 @@ class BehaviourModel:
     """beta_hat(a|s) as arrays: a truncated Gaussian on [-1, 1]^d, or categorical logits.
 
     ``parameters(obs)`` gives ``(mean, log_std)`` in the normalised box (continuous), or
-    ``(logits, empty)`` (discrete), as :class:`offaug.pipeline.rollout.BCRolloutPolicy` does.
+    ``(logits, empty)`` (discrete), as :class:`offaug.pipeline.policies.BCRolloutPolicy` does.
+    It is a :class:`offaug.pipeline.behaviour.RolloutPolicy` whose densities are over the
+    normalised box (``log_abs_det`` 0), as every density here is.
     """
 
     parameters: Callable[[npt.NDArray[np.float32]], tuple[FloatArray, FloatArray]]
@@ -107,6 +123,23 @@ class BehaviourModel:
 
         return cls(parameters, ActionSpace.from_spaces(trainer.spaces))
 
+    @property
+    def discrete(self) -> bool:
+        """Whether actions are discrete indices."""
+        return self.actions.discrete
+
+    def __call__(self, observations: npt.NDArray[np.float32]) -> tuple[FloatArray, FloatArray]:
+        return self.parameters(observations)
+
+    def to_env(self, actions: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Normalised actions to the environment's bounds (discrete indices unchanged)."""
+        return actions if self.discrete else self.actions.denormalise(actions)
+
+    @property
+    def log_abs_det(self) -> float:
+        """0: the diagnostics measure densities over the normalised box."""
+        return 0.0
+
     def log_prob(
         self, observations: npt.NDArray[np.float32], actions: npt.NDArray[Any]
     ) -> FloatArray:
@@ -119,13 +152,8 @@ class BehaviourModel:
     ) -> FloatArray:
         """:meth:`log_prob` from precomputed :attr:`parameters`."""
         if self.actions.discrete:
-            log_probs = first - np.logaddexp.reduce(first, axis=-1, keepdims=True)
-            index = np.asarray(actions, dtype=np.int64)[:, None]
-            return np.asarray(np.take_along_axis(log_probs, index, -1)[:, 0], dtype=np.float64)
-        return np.asarray(
-            truncnorm_log_prob(self.actions.normalise(actions), first, np.exp(second)),
-            dtype=np.float64,
-        )
+            return categorical_log_prob(first, actions)
+        return behaviour_log_prob(first, second, self.actions.normalise(actions))
 
 
 def _rollout_divergence(
@@ -145,28 +173,22 @@ def _rollout_divergence(
     if space.discrete:
         # Epsilon-greedy around beta_hat's argmax: the KL is a finite sum, computed exactly.
         log_beta = first - np.logaddexp.reduce(first, axis=-1, keepdims=True)
-        mu = np.full(first.shape, spec.epsilon / space.n)
-        greedy = first.argmax(-1)
-        mu[np.arange(len(mu)), greedy] += 1 - spec.epsilon
+        mu = epsilon_greedy_probabilities(first.argmax(-1), space.n, spec.epsilon)
         with np.errstate(divide="ignore", invalid="ignore"):
             kl = np.where(mu > 0, mu * (np.log(mu) - log_beta), 0.0).sum(-1)
-        samples = np.where(
-            rng.uniform(size=len(mu)) < spec.epsilon, rng.integers(0, space.n, len(mu)), greedy
-        )
+        step = policy_step(behaviour, DiscreteNoise(spec, space.n, rng), first, None)
         nll = -float(np.mean((mu * log_beta).sum(-1)))
         return {
             "kind": "epsilon-greedy (rollout)",
             "nll": nll,
             "kl_monte_carlo": float(kl.mean()),
-            "action_distance": float(space.distance(samples, dataset_actions).mean()),
+            "action_distance": float(space.distance(step.env_actions, dataset_actions).mean()),
         }
     noise = ContinuousNoise(spec, len(first), space.n, rng)
-    sampled, log_mu = noise.sample(first)
-    log_beta = truncnorm_log_prob(sampled, first, np.exp(second))
-    env_actions = space.denormalise(sampled)
+    step = policy_step(behaviour, noise, first, second)
     return {
         "kind": "gaussian (rollout)",
-        "nll": -float(np.mean(log_beta)),
-        "kl_monte_carlo": float(np.mean(log_mu - log_beta)),
-        "action_distance": float(space.distance(env_actions, dataset_actions).mean()),
+        "nll": -float(np.mean(step.behaviour_log_prob)),
+        "kl_monte_carlo": float(np.mean(step.rollout_log_prob - step.behaviour_log_prob)),
+        "action_distance": float(space.distance(step.env_actions, dataset_actions).mean()),
     }

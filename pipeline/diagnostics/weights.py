@@ -1,7 +1,8 @@
 """The ``weights`` section: how much of the augmented data its importance weights keep.
 
-The effective sample size is :func:`offaug.datasets.weights.effective_sample_size`; the clipped
-fraction is counted from the raw log-ratios log beta_hat - log mu the rollout stored, against the
+The effective sample size and the clipped fraction come from
+:func:`offaug.pipeline.behaviour.weight_statistics` (the rollouts' own); the clipped fraction is
+counted from the raw log-ratios log beta_hat - log mu the rollout stored, against the
 ``max_weight`` clip its manifest records.
 """
 
@@ -14,7 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from offaug.datasets.weights import effective_sample_size, effective_sample_size_from_logs
+from offaug.datasets.weights import effective_sample_size_from_logs
+from offaug.pipeline.behaviour import weight_statistics
 from offaug.pipeline.diagnostics.histograms import quantiles, shared_histogram
 from offaug.pipeline.diagnostics.sampling import FloatArray
 from offaug.pipeline.diagnostics.schema import (
@@ -34,16 +36,17 @@ def weight_summary(
 ) -> WeightSummary:
     """n, ESS, ESS/N, clipped fraction (None without log-ratios or a clip), mean/min/max."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
-    ess = effective_sample_size(w)
-    clipped = None
-    if raw_log_ratio is not None and max_weight is not None and w.size:
-        log_ratio = np.asarray(raw_log_ratio, dtype=np.float64).reshape(-1)
-        clipped = float(np.mean(log_ratio > math.log(max_weight)))
+    counted = raw_log_ratio is not None and max_weight is not None
+    stats = weight_statistics(
+        w,
+        np.zeros(w.size) if raw_log_ratio is None else raw_log_ratio,
+        math.inf if max_weight is None else max_weight,
+    )
     return {
         "n": int(w.size),
-        "ess": ess,
-        "ess_fraction": ess / w.size if w.size else 0.0,
-        "clipped_fraction": clipped,
+        "ess": stats["ess"],
+        "ess_fraction": stats["ess_fraction"],
+        "clipped_fraction": stats["clipped_fraction"] if counted and w.size else None,
         "mean": float(w.mean()) if w.size else None,
         "min": float(w.min()) if w.size else None,
         "max": float(w.max()) if w.size else None,

@@ -128,3 +128,24 @@ def test_model_rollouts_carry_self_normalised_weights(trained) -> None:
     np.testing.assert_allclose(
         out.extras["self_normalised_weight"], weights / weights.mean(), rtol=1e-5
     )
+
+
+def test_disagreement_scores_every_state_and_the_filter_drops_rollouts(trained) -> None:
+    from offaug.pipeline.rollout_data import EpisodeFilter, ReturnBaseline
+
+    data, model = trained
+    spread = model.disagreement(data.observations[:50], data.actions[:50], chunk=16)
+    assert spread.shape == (50,) and (spread >= 0).all() and spread.std() > 0
+    starts = np.asarray(data.observations[:20])
+    strict = EpisodeFilter(ReturnBaseline.from_transitions(data), margin=-1e6)
+    out = model_rollout(
+        model,
+        KnownHopperPolicy(),
+        starts,
+        horizon=2,
+        start_rows=np.arange(20),
+        episode_filter=strict,
+    )
+    assert len(out) == 0 and out.meta["episodes_dropped"] > 0
+    kept = model_rollout(model, KnownHopperPolicy(), starts, horizon=2)
+    assert np.diff(kept.episode_bounds()).max() <= 2 and kept.meta["episodes_dropped"] == 0

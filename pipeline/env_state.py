@@ -1,0 +1,122 @@
+"""Setting an environment to a recorded dataset state: where branched rollouts start.
+
+A dataset records, per observation, the state that puts its env back there (written by
+:func:`offaug.datasets.generate.collect_episodes`). Each kind of state has one entry here:
+
+* ``mujoco``: ``infos/qpos`` and ``infos/qvel``
+  (:data:`~offaug.datasets.transitions.SIMULATOR_STATE_KEYS`), set with the MuJoCo env's
+  ``set_state``; the observation is its ``_get_obs()``;
+* ``control``: ``infos/state`` (:data:`~offaug.datasets.transitions.CONTROL_STATE_KEY`), a
+  classic-control env's ``unwrapped.state`` (Pendulum [theta, thetadot], CartPole, Acrobot,
+  MountainCar), assigned directly; the observation is ``_get_obs()`` where the env has one
+  (Pendulum, Acrobot), else the state itself as float32 (CartPole, MountainCar).
+
+The env is reset first (so its time limit and episode bookkeeping start afresh) and then set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from offaug.datasets.errors import DataError
+from offaug.datasets.sources import load_transitions
+from offaug.datasets.transitions import CONTROL_STATE_KEY, SIMULATOR_STATE_KEYS, Transitions
+
+StateRow = Mapping[str, npt.NDArray[Any]]
+"""One state: ``infos`` key (without the prefix) -> that observation's values."""
+
+
+class StateError(RuntimeError):
+    """An environment that cannot be set to a recorded state."""
+
+
+def _set_mujoco(base: Any, state: StateRow) -> npt.NDArray[Any]:
+    base.set_state(state["qpos"], state["qvel"])
+    return np.asarray(base._get_obs())
+
+
+def _set_control(base: Any, state: StateRow) -> npt.NDArray[Any]:
+    base.state = np.array(state[CONTROL_STATE_KEY], dtype=np.float64)
+    if hasattr(base, "_get_obs"):
+        return np.asarray(base._get_obs())
+    return np.asarray(base.state, dtype=np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateKind:
+    """One way of recording and setting an environment's state."""
+
+    name: str
+    keys: tuple[str, ...]
+    """The ``infos/*`` keys it is recorded under."""
+    settable: Callable[[Any], bool]
+    """Whether an (unwrapped) env can be set this way."""
+    apply: Callable[[Any, StateRow], npt.NDArray[Any]]
+    """Set the unwrapped env to a state; return the observation there."""
+
+
+STATE_KINDS: tuple[StateKind, ...] = (
+    StateKind("mujoco", SIMULATOR_STATE_KEYS, lambda base: hasattr(base, "set_state"), _set_mujoco),
+    StateKind(
+        "control",
+        (CONTROL_STATE_KEY,),
+        lambda base: isinstance(getattr(base, CONTROL_STATE_KEY, None), (np.ndarray, tuple)),
+        _set_control,
+    ),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StartStates:
+    """A dataset's states, one row per transition (its observation), and how to set them."""
+
+    kind: StateKind
+    values: dict[str, npt.NDArray[Any]]
+    """key -> (N, dim) values."""
+
+    def __len__(self) -> int:
+        return len(next(iter(self.values.values())))
+
+    def row(self, index: int) -> dict[str, npt.NDArray[Any]]:
+        """The state of transition ``index``."""
+        return {key: value[index] for key, value in self.values.items()}
+
+
+def dataset_start_states(transitions: Transitions) -> StartStates | None:
+    """The states a dataset records (loaded with :func:`load_with_states`), or None."""
+    for kind in STATE_KINDS:
+        keys = [f"infos/{key}" for key in kind.keys]
+        if all(key in transitions.extras for key in keys):
+            values = {k: np.asarray(transitions.extras[f"infos/{k}"]) for k in kind.keys}
+            return StartStates(kind, values)
+    return None
+
+
+def load_with_states(source: str) -> tuple[Transitions, StateKind | None]:
+    """Load ``source`` with the first kind of state it records (None: it records none)."""
+    for kind in STATE_KINDS:
+        try:
+            return load_transitions(source, info_keys=list(kind.keys)), kind
+        except DataError:
+            # The dataset lacks these infos keys; a dataset that fails to load for another
+            # reason fails again below, with its own error.
+            continue
+    return load_transitions(source), None
+
+
+def set_state(env: Any, kind: StateKind, state: StateRow) -> npt.NDArray[Any]:
+    """Set a (reset) ``env`` to ``state``; return the observation there.
+
+    Raises:
+        StateError: the env cannot be set this way (e.g. a MuJoCo state for a non-MuJoCo env).
+    """
+    base = env.unwrapped
+    if not kind.settable(base):
+        name = base.spec.id if base.spec else type(base).__name__
+        raise StateError(f"{name}: cannot set a {kind.name} state; use start='reset'")
+    return kind.apply(base, state)

@@ -1,0 +1,71 @@
+"""Episodes in progress during a rollout: per-environment staging, then growing columns.
+
+Each environment's current episode is staged in arrays sized for a whole time limit; a finished
+episode moves to :class:`GrowingColumns` with its length, return and start row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+class EpisodeStaging:
+    """Per-env staging for the episodes in progress, and the finished episodes' columns."""
+
+    def __init__(self, columns: Mapping[str, tuple[tuple[int, ...], Any]], n_envs: int, limit: int):
+        # Pre-allocated for a whole time limit per environment.
+        self.staging = {k: np.zeros((n_envs, limit, *s), dtype=d) for k, (s, d) in columns.items()}
+        self.lengths = np.zeros(n_envs, dtype=np.int64)
+        self.output = GrowingColumns(columns)
+        self.episode_lengths: list[int] = []
+        self.returns: list[float] = []
+        self.start_rows: list[int] = []
+
+    def record(self, rows: npt.NDArray[np.int64], values: Mapping[str, npt.NDArray[Any]]) -> None:
+        """Append one step to each of ``rows``' episodes."""
+        t = self.lengths[rows]
+        for name, column in values.items():
+            self.staging[name][rows, t] = column
+        self.lengths[rows] = t + 1
+
+    def mark_last_timeout(self, env: int) -> None:
+        """End ``env``'s episode at its last recorded step, as truncated."""
+        if self.lengths[env] > 0:
+            self.staging["timeouts"][env, self.lengths[env] - 1] = True
+
+    def finish(self, env: int, start_row: int) -> None:
+        """Move ``env``'s episode to the output (if it has steps) and empty its staging."""
+        n = int(self.lengths[env])
+        if n > 0:
+            self.output.append({k: v[env] for k, v in self.staging.items()}, n)
+            self.episode_lengths.append(n)
+            self.returns.append(float(self.staging["rewards"][env, :n].astype(np.float64).sum()))
+            self.start_rows.append(start_row)
+        self.lengths[env] = 0
+
+
+class GrowingColumns:
+    """Column arrays that double their capacity as episodes are appended."""
+
+    def __init__(self, shapes: Mapping[str, tuple[tuple[int, ...], Any]]) -> None:
+        self.capacity = 1024
+        self.size = 0
+        self.arrays = {k: np.empty((self.capacity, *s), dtype=d) for k, (s, d) in shapes.items()}
+
+    def append(self, block: Mapping[str, npt.NDArray[Any]], rows: int) -> None:
+        while self.size + rows > self.capacity:
+            self.capacity *= 2
+            for name, array in self.arrays.items():
+                grown = np.empty((self.capacity, *array.shape[1:]), dtype=array.dtype)
+                grown[: self.size] = array[: self.size]
+                self.arrays[name] = grown
+        for name, values in block.items():
+            self.arrays[name][self.size : self.size + rows] = values[:rows]
+        self.size += rows
+
+    def result(self) -> dict[str, npt.NDArray[Any]]:
+        return {k: v[: self.size].copy() for k, v in self.arrays.items()}

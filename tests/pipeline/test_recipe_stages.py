@@ -1,0 +1,106 @@
+"""The BC and rollout stages with the recipe options, and their workflow fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from offaug.datasets import load_transitions
+from offaug.datasets.shards import read_shard
+from offaug.pipeline import stages
+from offaug.pipeline.layout import ModelRef
+from offaug.pipeline.workflow import BCConfigModel, RolloutModel, SourceConfig
+
+
+def test_rollout_fields_validate() -> None:
+    assert RolloutModel().policy == "bc" and RolloutModel().backend == "simulator"
+    assert RolloutModel(backend="none").backend == "none"
+    assert RolloutModel(policy="bcq", horizon=10, starts="sparse", filter="data").horizon == 10
+    with pytest.raises(ValidationError, match="policy"):
+        RolloutModel(policy="nope")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="disagreement"):
+        RolloutModel(starts="disagreement")
+    assert RolloutModel(backend="model", starts="disagreement").starts == "disagreement"
+    with pytest.raises(ValidationError, match="horizon"):
+        RolloutModel(horizon=0)
+    assert BCConfigModel().evaluation_episodes > 0
+
+
+def test_the_source_stage_sees_classic_control_states(make_test_dataset) -> None:
+    made = make_test_dataset("pendulum", "hdf5")
+    assert stages.prepare_source(SourceConfig(dataset=made.dataset_id)).has_simulator_state
+    point = make_test_dataset("point", "hdf5")
+    assert not stages.prepare_source(SourceConfig(dataset=point.dataset_id)).has_simulator_state
+
+
+@pytest.fixture(scope="module")
+def pendulum_bc(make_test_dataset, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    made = make_test_dataset("pendulum", "hdf5")
+    data = stages.prepare_source(SourceConfig(dataset=made.dataset_id))
+    out = tmp_path_factory.mktemp("stages") / "bc"
+    bc = stages.train_bc(
+        data, BCConfigModel(steps=40, hidden=(32, 32), evaluation_episodes=2), str(out), 0
+    )
+    return data, bc
+
+
+def test_bc_reports_its_own_score_and_the_datas(pendulum_bc) -> None:
+    data, bc = pendulum_bc
+    evaluation = bc.metrics["eval"]
+    assert len(evaluation["returns"]) == 2 and np.isfinite(evaluation["return"])
+    transitions = load_transitions(data.source)
+    bounds = transitions.episode_bounds()
+    returns = np.add.reduceat(transitions.rewards.astype(np.float64), bounds[:-1])
+    assert bc.metrics["data"]["return"] == pytest.approx(float(returns.mean()))
+    assert bc.metrics["data"]["episodes"] == data.episodes
+    assert "normalised_score" in bc.metrics["data"]
+
+
+def test_the_rollout_stage_takes_a_learner_and_reports_the_filter(
+    pendulum_bc, tmp_path: Path
+) -> None:
+    data, bc = pendulum_bc
+    config = RolloutModel(
+        episodes=4, tasks=2, n_envs=2, start="dataset", horizon=5, filter="data", starts="sparse"
+    )
+    learner = ModelRef("bc-original", bc.path, bc.checksum, {})
+    out = str(tmp_path / "aug")
+    tasks = stages.rollout_tasks(data, bc, config, out, 3, policy_model=learner)
+    assert all(t.learner == bc.path and t.config.starts == "sparse" for t in tasks)
+    shards = [stages.rollout_shard(data, bc, config, out, 3, i, learner) for i in range(2)]
+    augmented = stages.merge_rollouts(shards, out, config)
+    counts = augmented.metrics["filter"]
+    assert counts["kept"] + counts["dropped"] == 4 and counts["kept"] == augmented.episodes
+    assert augmented.metrics["policy"] == "bc"
+
+
+def test_model_rollouts_start_where_the_ensemble_disagrees(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    from offaug.pipeline.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+
+    made = make_test_dataset("hopper", "hdf5")
+    data = stages.prepare_source(SourceConfig(dataset=made.dataset_id))
+    bc = stages.train_bc(
+        data,
+        BCConfigModel(steps=30, hidden=(32, 32), evaluation_episodes=0),
+        str(tmp_path / "bc"),
+        0,
+    )
+    model, _ = train_dynamics(
+        load_transitions(made.dataset_id), DynamicsConfig(members=3, hidden=(32,), steps=50)
+    )
+    dynamics = ModelRef("dynamics", str(save_dynamics(model, tmp_path / "dyn.pt")), "", {})
+    config = RolloutModel(
+        backend="model", starts="disagreement", filter="data", filter_margin=100.0, horizon=3
+    )
+    shard = stages.model_rollout_task(
+        data, bc, dynamics, config, str(tmp_path / "aug" / "shard-00000.arrow"), 0, 0
+    )
+    lengths = np.diff(read_shard(shard.shard.path).episode_bounds())
+    assert lengths.max() <= 3
+    # A lenient margin keeps every rollout that has a step.
+    assert shard.episodes_dropped == 0 and len(shard.episode_returns) == len(lengths)
