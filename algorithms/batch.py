@@ -32,6 +32,7 @@ class TorchBatch:
     terminals: torch.Tensor  # (B,) float32: 1.0 where the MDP terminated
     timeouts: torch.Tensor  # (B,) float32: 1.0 where a time limit cut the episode
     weights: torch.Tensor  # (B,) float32 per-sample loss weights (1 when unweighted)
+    next_actions: torch.Tensor | None = None  # (B, *act), the data's action at s', when sampled
     set_index: torch.Tensor | None = None  # (B,) int64 source of each row (``with_sources``)
     rollout_log_prob: torch.Tensor | None = None  # (B,) float32 log mu(a|s), NaN where absent
 
@@ -56,6 +57,7 @@ class TorchBatch:
             terminals=tensor(batch.terminals.astype(np.float32)),
             timeouts=tensor(batch.timeouts.astype(np.float32)),
             weights=tensor(batch.weights),
+            next_actions=None if batch.next_actions is None else tensor(batch.next_actions),
             set_index=tensor(batch.set_index.astype(np.int64)) if with_sources else None,
             rollout_log_prob=(
                 tensor(batch.rollout_log_prob)

@@ -1,7 +1,8 @@
 """Networks shared by every offaug learner.
 
 * :class:`MLP` and :class:`EnsembleMLP` (``E`` independent MLPs evaluated in one batched
-  matrix multiply per layer: ``torch.baddbmm``, no Python loop over members);
+  matrix multiply per layer: ``torch.baddbmm``, no Python loop over members), each with an
+  optional LayerNorm after every hidden layer (:class:`EnsembleLayerNorm` per member);
 * :class:`CriticEnsemble` (continuous Q(s, a), ``E`` critics at once) and
   :class:`DiscreteCriticEnsemble` (Q(s, .) for every discrete action);
 * :class:`TanhGaussianActor` (SAC/CQL), :class:`DeterministicActor`,
@@ -42,15 +43,23 @@ def _layer_sizes(inputs: int, hidden: Sequence[int], outputs: int) -> list[tuple
 
 
 class MLP(nn.Module):
-    """A ReLU multi-layer perceptron with a linear output layer."""
+    """A ReLU multi-layer perceptron with a linear output layer.
 
-    def __init__(self, inputs: int, hidden: Sequence[int], outputs: int) -> None:
+    ``layer_norm`` puts a LayerNorm after every hidden ReLU (ReBRAC's networks); without it the
+    layers (and state_dict keys) are the plain ``Linear, ReLU, ..., Linear``.
+    """
+
+    def __init__(
+        self, inputs: int, hidden: Sequence[int], outputs: int, *, layer_norm: bool = False
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         for i, (n_in, n_out) in enumerate(_layer_sizes(inputs, hidden, outputs)):
             layers.append(nn.Linear(n_in, n_out))
             if i < len(hidden):
                 layers.append(nn.ReLU())
+                if layer_norm:
+                    layers.append(nn.LayerNorm(n_out))
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +68,12 @@ class MLP(nn.Module):
         # not its output), sparing an activation buffer per layer: on the CPU this trains faster
         # than nn.Sequential with out-of-place ReLUs.
         for layer in self.net:
-            x = F.linear(x, layer.weight, layer.bias) if isinstance(layer, nn.Linear) else x.relu_()
+            if isinstance(layer, nn.Linear):
+                x = F.linear(x, layer.weight, layer.bias)
+            elif isinstance(layer, nn.ReLU):
+                x = x.relu_()
+            else:
+                x = layer(x)
         return x
 
 
@@ -79,27 +93,85 @@ class EnsembleLinear(nn.Module):
         return torch.baddbmm(self.bias, x, self.weight)
 
 
-class EnsembleMLP(nn.Module):
-    """``E`` independent MLPs evaluated together: ``(B, in)`` or ``(E, B, in) -> (E, B, out)``."""
+class EnsembleLayerNorm(nn.Module):
+    """LayerNorm over the last axis with each member's own scale and shift: ``(E, B, d)``."""
 
-    def __init__(self, members: int, inputs: int, hidden: Sequence[int], outputs: int) -> None:
+    def __init__(self, members: int, features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(members, 1, features))
+        self.bias = nn.Parameter(torch.zeros(members, 1, features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One fused layer_norm (normalise and affine, forward and backward) per member.
+        return torch.stack([self.member(i, part) for i, part in enumerate(x.unbind(0))])
+
+    def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member ``index``'s LayerNorm alone: ``(B, d) -> (B, d)``."""
+        features = x.shape[-1:]
+        return F.layer_norm(x, features, self.weight[index, 0], self.bias[index, 0])
+
+
+class EnsembleMLP(nn.Module):
+    """``E`` independent MLPs evaluated together: ``(B, in)`` or ``(E, B, in) -> (E, B, out)``.
+
+    ``layer_norm`` puts an :class:`EnsembleLayerNorm` after every hidden ReLU (ReBRAC's critics);
+    the linear layers keep their state_dict keys either way.
+    """
+
+    def __init__(
+        self,
+        members: int,
+        inputs: int,
+        hidden: Sequence[int],
+        outputs: int,
+        *,
+        layer_norm: bool = False,
+    ) -> None:
         super().__init__()
         self.members = members
         self.layers = nn.ModuleList(
             EnsembleLinear(members, n_in, n_out)
             for n_in, n_out in _layer_sizes(inputs, hidden, outputs)
         )
+        self.norms = (
+            nn.ModuleList(EnsembleLayerNorm(members, width) for width in hidden)
+            if layer_norm
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.members, -1, -1)  # (B, in) -> (E, B, in)
-        return ensemble_mlp(self.affines(), x)
+        if self.norms is None:
+            return ensemble_mlp(self.affines(), x)
+        # LayerNorm between layers (ReBRAC critics): the plain loop.
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = x.relu_()  # in place on baddbmm's fresh output, as in MLP
+                if self.norms is not None:
+                    x = self.norms[i](x)
+        return x
 
     def affines(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's ``(weight (E, in, out), bias (E, 1, out))``, input layer first."""
         return [
             (layer.weight, layer.bias) for layer in self.layers if isinstance(layer, EnsembleLinear)
         ]
+
+    def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Member ``index`` alone: ``(B, in) -> (B, out)``, one ``addmm`` per layer."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, EnsembleLinear)
+            x = torch.addmm(layer.bias[index], x, layer.weight[index])
+            if i < last:
+                x = x.relu_()
+                if self.norms is not None:
+                    norm = self.norms[i]
+                    assert isinstance(norm, EnsembleLayerNorm)
+                    x = norm.member(index, x)
+        return x
 
 
 class CriticEnsemble(nn.Module):
@@ -109,14 +181,26 @@ class CriticEnsemble(nn.Module):
     """
 
     def __init__(
-        self, observation_dim: int, action_dim: int, hidden: Sequence[int], members: int = 2
+        self,
+        observation_dim: int,
+        action_dim: int,
+        hidden: Sequence[int],
+        members: int = 2,
+        *,
+        layer_norm: bool = False,
     ) -> None:
         super().__init__()
         self.members = members
-        self.net = EnsembleMLP(members, observation_dim + action_dim, hidden, 1)
+        self.net = EnsembleMLP(
+            members, observation_dim + action_dim, hidden, 1, layer_norm=layer_norm
+        )
 
     def forward(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([observations, actions], dim=-1)).squeeze(-1)
+
+    def member(self, index: int, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Critic ``index`` alone: ``(B, obs), (B, act) -> (B,)`` (TD3's actor uses Q_1)."""
+        return self.net.member(index, torch.cat([observations, actions], dim=-1)).squeeze(-1)
 
 
 class DiscreteCriticEnsemble(nn.Module):
@@ -184,9 +268,16 @@ class TanhGaussianActor(nn.Module):
 class DeterministicActor(nn.Module):
     """``a = tanh(MLP(s))``: deterministic BC and TD3-style actors."""
 
-    def __init__(self, observation_dim: int, action_dim: int, hidden: Sequence[int]) -> None:
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        hidden: Sequence[int],
+        *,
+        layer_norm: bool = False,
+    ) -> None:
         super().__init__()
-        self.net = MLP(observation_dim, hidden, action_dim)
+        self.net = MLP(observation_dim, hidden, action_dim, layer_norm=layer_norm)
 
     def forward(self, observations: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.net(observations))

@@ -30,6 +30,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "discrete_bcq": AlgorithmSpec(
         "offaug.algorithms.discrete_bcq", "DiscreteBCQ", "DiscreteBCQConfig", discrete=True
     ),
+    "iql": AlgorithmSpec("offaug.algorithms.iql", "IQL", "IQLConfig", discrete=False),
+    "td3bc": AlgorithmSpec("offaug.algorithms.td3bc", "TD3BC", "TD3BCConfig", discrete=False),
+    "rebrac": AlgorithmSpec("offaug.algorithms.rebrac", "ReBRAC", "ReBRACConfig", discrete=False),
     # Online SAC (dataset levels); offline it is plain off-policy SAC without a constraint.
     "sac": AlgorithmSpec("offaug.algorithms.sac", "SAC", "SACConfig", discrete=False),
 }

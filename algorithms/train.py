@@ -154,9 +154,9 @@ def train(
     trainer = registry.build(algorithm, spaces, dict(config or {}), device=options.device)
     compiled = compile_trainer(trainer) if options.compile else ()
     resolved_config = trainer.config
-    sampler = MixtureSampler(
+    sampler = make_sampler(
+        trainer,
         datasets,
-        resolved_config.batch_size,
         mixing=options.mixing,
         use_weights=options.weighting == "behaviour",
         normalise_weights=options.normalise_weights,
@@ -293,6 +293,38 @@ def _max_weight(data: Transitions | ShardSet, override: float | None) -> float:
 
 def _parts(data: Transitions | ShardSet) -> Iterable[Transitions]:
     return data.iter_shards() if isinstance(data, ShardSet) else [data]
+
+
+def make_sampler(
+    trainer: Trainer,
+    sets: Sequence[Transitions | ShardSet],
+    *,
+    mixing: Sequence[float] | None = None,
+    use_weights: bool = False,
+    normalise_weights: bool = True,
+    rollout_log_prob: bool = False,
+    seed: int = 0,
+) -> MixtureSampler:
+    """The sampler ``trainer`` trains from, with the trainer prepared on its data.
+
+    Batches carry ``next_actions`` for a trainer that ``uses_next_actions`` (ReBRAC); a trainer
+    with ``prepare(sampler)`` (TD3+BC, ReBRAC, IQL) takes its data statistics from it here. A
+    resumed run then loads the statistics its checkpoint stored.
+    """
+    sampler = MixtureSampler(
+        sets,
+        trainer.config.batch_size,
+        mixing=mixing,
+        use_weights=use_weights,
+        normalise_weights=normalise_weights,
+        rollout_log_prob=rollout_log_prob,
+        seed=seed,
+        next_actions=bool(getattr(trainer, "uses_next_actions", False)),
+    )
+    prepare = getattr(trainer, "prepare", None)
+    if callable(prepare):
+        prepare(sampler)
+    return sampler
 
 
 def trainer_device(trainer: Trainer) -> torch.device:

@@ -10,12 +10,19 @@ prints the FLOP/s achieved next to a plain torch matmul loop of the same shapes 
 FLOP-share goal is the 256x256 one), and the matmul floor: the step rate of those multiplies alone,
 beside the step rate the goal asks for.
 
+IQL and TD3+BC are compared with d3rlpy's ``IQLConfig`` / ``TD3PlusBCConfig`` set up as offaug's
+defaults are (observations standardised from the data; for IQL rewards scaled by 1000 over the
+return range and the actor's learning rate cosine-decayed over 1M steps); at 256x256 also with
+the plainest eager PyTorch loop of the same update (``_plain_loops.py``). ReBRAC has no d3rlpy
+version: ``rebrac`` times offaug's ReBRAC against offaug's TD3+BC at the same network sizes
+and batch (goal: ReBRAC's step at most 1.3x TD3+BC's, i.e. a ratio >= 1/1.3).
+
 ``bc_compile`` measures what ``--compile`` (``torch.compile`` of the learners' declared targets)
 buys where offaug turns it on, Gaussian BC (the behaviour model of every pipeline run): the
 compiled trainer against the same trainer uncompiled, in the same process, interleaved; the
 compile time is in ``absolute``. Its goal is 1.0: compiling is only offered where it pays.
 
-Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc,bc_compile]``; JSON
+Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc,iql,rebrac]``; JSON
 lines on stdout.
 """
 
@@ -39,11 +46,14 @@ from _common import (
     protect_stdout,
     throughput_record,
 )
+from _plain_loops import PLAIN_STEPS, plain_loop
 
 GOALS = {
-    64: {"bc": 2.5, "cql": 2.0, "bcq": 2.0, "sac": 2.0},
-    256: dict.fromkeys(("bc", "cql", "bcq", "sac"), 1.05),
+    64: {"bc": 2.5, "cql": 2.0, "bcq": 2.0, "sac": 2.0, "iql": 2.0, "td3bc": 2.0},
+    256: dict.fromkeys(("bc", "cql", "bcq", "sac", "iql", "td3bc"), 1.05),
 }
+REBRAC_GOAL = 1 / 1.3
+"""ReBRAC's steps/s over offaug TD3+BC's at equal sizes and batch: its step within 1.3x."""
 
 
 def _offaug_trainer(name: str, hidden: int, batch: int, spaces: Any) -> Any:
@@ -92,11 +102,41 @@ def _d3rlpy_algo(name: str, hidden: int, batch: int, dataset: Any) -> Any:
         config = d3rlpy.algos.SACConfig(
             batch_size=batch, actor_encoder_factory=encoder, critic_encoder_factory=encoder
         )
+    elif name == "iql":
+        config = d3rlpy.algos.IQLConfig(
+            batch_size=batch,
+            actor_encoder_factory=encoder,
+            critic_encoder_factory=encoder,
+            value_encoder_factory=encoder,
+            **_d3rlpy_iql_settings(),
+        )
+    elif name == "td3bc":
+        config = d3rlpy.algos.TD3PlusBCConfig(
+            batch_size=batch,
+            actor_encoder_factory=encoder,
+            critic_encoder_factory=encoder,
+            observation_scaler=d3rlpy.preprocessing.StandardObservationScaler(),
+        )
     else:
         raise ValueError(name)
     algo = config.create(device="cpu:0")
+    # Fits the scalers as fit() does (IQL's and TD3+BC's observation and reward scalers).
+    d3rlpy.algos.utility.build_scalers_with_transition_picker(algo, dataset)
     algo.build_with_dataset(dataset)
     return algo
+
+
+def _d3rlpy_iql_settings() -> dict[str, Any]:
+    """d3rlpy's IQL set up as offaug's defaults: standardised observations, rewards x 1000 over
+    the return range, the actor's learning rate cosine-decayed over 1M steps."""
+    import d3rlpy
+
+    schedule = d3rlpy.optimizers.CosineAnnealingLRFactory(T_max=1_000_000)
+    return {
+        "observation_scaler": d3rlpy.preprocessing.StandardObservationScaler(),
+        "reward_scaler": d3rlpy.preprocessing.ReturnBasedRewardScaler(multiplier=1000.0),
+        "actor_optim_factory": d3rlpy.optimizers.AdamFactory(lr_scheduler_factory=schedule),
+    }
 
 
 def _measure(
@@ -106,13 +146,13 @@ def _measure(
     import torch
 
     from offaug.algorithms.base import spaces_from_transitions
-    from offaug.datasets import MixtureSampler
+    from offaug.algorithms.train import make_sampler
 
     batch = 100 if name == "bcq" else 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
     torch.manual_seed(0)
     trainer = _offaug_trainer(name, hidden, batch, spaces)
-    sampler = MixtureSampler([data], batch, seed=0)
+    sampler = make_sampler(trainer, [data], seed=0)
     algo = _d3rlpy_algo(name, hidden, batch, dataset)
 
     def offaug_block() -> float:
@@ -133,8 +173,11 @@ def _measure(
     )
     if hidden != 256:  # the FLOP-share goal is the 256x256 one
         del absolute["share_goal"]
-    if name == "bc":
-        absolute.update(_minimal_loop(hidden, spaces, sampler, offaug_block, steps, repeats))
+    if name == "bc" or (name in PLAIN_STEPS and hidden == 256):
+        if name == "bc":
+            absolute.update(_minimal_loop(hidden, spaces, sampler, offaug_block, steps, repeats))
+        else:
+            absolute.update(plain_loop(name, hidden, spaces, sampler, offaug_block, steps, repeats))
         absolute["minimal_loop_share_of_matmul"] = (
             absolute["flops_per_update"]
             * absolute["minimal_loop_steps_per_s"]
@@ -158,7 +201,8 @@ def _measure(
             notes=(
                 "one CPU thread each; d3rlpy fed offaug's exact transitions "
                 "(interop.to_d3rlpy); same network sizes, batch size and d3rlpy's default "
-                "hyperparameters; BC deterministic on both sides"
+                "hyperparameters; BC deterministic on both sides; IQL and TD3+BC with "
+                "d3rlpy's scalers and schedule set as offaug's defaults"
             ),
             absolute=absolute,
         )
@@ -224,6 +268,52 @@ def _minimal_loop(
     }
 
 
+def _measure_rebrac(hidden: int, data: Any, steps: int, repeats: int, reporter: Reporter) -> None:
+    """offaug's ReBRAC against offaug's TD3+BC: same hidden sizes (two layers) and batch."""
+    import numpy as np
+    import torch
+
+    from offaug.algorithms import registry
+    from offaug.algorithms.base import spaces_from_transitions
+    from offaug.algorithms.train import make_sampler
+
+    batch = 256
+    spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
+    config = {"hidden": (hidden, hidden), "batch_size": batch}
+    torch.manual_seed(0)
+    rebrac = registry.build("rebrac", spaces, config, device="cpu")
+    td3bc = registry.build("td3bc", spaces, config, device="cpu")
+    rebrac_sampler = make_sampler(rebrac, [data], seed=0)
+    td3bc_sampler = make_sampler(td3bc, [data], seed=0)
+    _update_block(rebrac, rebrac_sampler, steps)
+    _update_block(td3bc, td3bc_sampler, steps)
+    mine, theirs = interleave(
+        lambda: _update_block(rebrac, rebrac_sampler, steps),
+        lambda: _update_block(td3bc, td3bc_sampler, steps),
+        repeats,
+    )
+    reporter.emit(
+        throughput_record(
+            benchmark=f"train_rebrac_vs_td3bc_{hidden}x{hidden}",
+            unit="gradient steps/s",
+            work=steps,
+            offaug_times=mine,
+            baseline_times=theirs,
+            baseline_name="offaug TD3+BC, same network sizes and batch",
+            goal=REBRAC_GOAL,
+            size={"hidden": [hidden, hidden], "batch_size": batch, "steps_per_block": steps},
+            notes=(
+                "one CPU thread; ReBRAC's extra work per step: LayerNorm in the critics, the "
+                "next dataset action gathered per row and the critic penalty"
+            ),
+            absolute={
+                "rebrac_steps_per_s": steps / float(np.median(mine)),
+                "td3bc_steps_per_s": steps / float(np.median(theirs)),
+            },
+        )
+    )
+
+
 def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter: Reporter) -> None:
     import numpy as np
     import torch
@@ -286,12 +376,13 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
     )
 
 
-def _matmul_shapes(trainer: Any, batch: Any) -> list[tuple[str, list[list[int]]]]:
-    """The matrix multiplies of one update, with their operand shapes (torch.profiler)."""
+def _matmul_shapes(trainer: Any, batch: Any, updates: int = 1) -> list[tuple[str, list[list[int]]]]:
+    """The matrix multiplies of ``updates`` updates, with their operand shapes (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        trainer.update(batch)
+        for _ in range(updates):
+            trainer.update(batch)
     kinds = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
     return [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events() if e.name in kinds]
 
@@ -341,14 +432,19 @@ def _flops(
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    # A learner with delayed actor steps (TD3+BC, ReBRAC) is measured over one whole cycle of
+    # ``policy_freq`` updates and reported per update.
+    cycle = int(getattr(trainer.config, "policy_freq", 1))
     from offaug.algorithms.batch import TorchBatch
 
     batch = TorchBatch.from_batch(sampler.sample())
     counter = FlopCounterMode(display=False)
     with counter:
-        trainer.update(batch)
-    flops = int(counter.get_total_flops())
-    seconds, matmul_flops = _plain_matmuls(_matmul_shapes(trainer, batch), repeats=30)
+        for _ in range(cycle):
+            trainer.update(batch)
+    flops = int(counter.get_total_flops()) // cycle
+    seconds, matmul_flops = _plain_matmuls(_matmul_shapes(trainer, batch, cycle), repeats=30)
+    seconds, matmul_flops = seconds / cycle, matmul_flops // cycle
     achieved = flops * steps_per_s
     plain = matmul_flops / seconds
     return {
@@ -367,7 +463,11 @@ def _flops(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute")
-    parser.add_argument("--only", default="bc,cql,bcq,sac,bc_compile", help="learners to measure")
+    parser.add_argument(
+        "--only",
+        default="bc,cql,bcq,sac,iql,td3bc,rebrac,bc_compile",
+        help="learners to measure",
+    )
     args = parser.parse_args(argv)
     out = protect_stdout()
     reporter = Reporter(out)
@@ -388,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} {hidden}x{hidden}: {repeats} x {steps} steps each side")
             if name == "bc_compile":
                 _measure_compile(hidden, data, 4 * steps, repeats, reporter)
+            elif name == "rebrac":
+                _measure_rebrac(hidden, data, 4 * steps, repeats, reporter)
             else:
                 _measure(name, hidden, data, dataset, steps, repeats, reporter)
     return 0

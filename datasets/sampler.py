@@ -49,6 +49,8 @@ class Batch:
     rollout_log_prob: npt.NDArray[np.float32] | None = None
     """(B,) log mu(a|s) of the rollout policy, NaN on rows of sets without the column; only
     when the sampler was asked for it (``rollout_log_prob=True``)."""
+    # (B, *act) the dataset's action at next_observations (see MixtureSampler), when asked for
+    next_actions: npt.NDArray[Any] | None = None
 
     def __len__(self) -> int:
         return int(self.rewards.shape[0])
@@ -57,7 +59,14 @@ class Batch:
 class _Pool:
     """The rows of one transition set, possibly spread over several shards."""
 
-    def __init__(self, parts: Sequence[Transitions], use_weights: bool, log_probs: bool) -> None:
+    def __init__(
+        self,
+        parts: Sequence[Transitions],
+        use_weights: bool,
+        log_probs: bool = False,
+        next_actions: bool = False,
+    ) -> None:
+        self.next_actions = next_actions
         self.parts = [p for p in parts if len(p)]
         if not self.parts:
             raise DataError("a transition set to sample from is empty")
@@ -87,6 +96,19 @@ class _Pool:
 
     def _gather_part(self, part: Transitions, index: npt.NDArray[np.int64]) -> dict[str, Any]:
         out = {name: np.take(getattr(part, name), index, axis=0) for name in _BATCH_COLUMNS}
+        if self.next_actions:
+            # Row i + 1 follows row i when it is in the same episode and starts where row i
+            # ends; an episode's last row has no successor and keeps its own action.
+            successor = np.minimum(index + 1, len(part) - 1)
+            starts = np.take(part.observations, successor, axis=0)
+            same = (
+                (successor != index)
+                & (np.take(part.episode_ids, successor) == np.take(part.episode_ids, index))
+                & np.all((starts == out["next_observations"]).reshape(len(index), -1), axis=1)
+            )
+            following = np.take(part.actions, successor, axis=0)
+            same = same.reshape(-1, *([1] * (following.ndim - 1)))
+            out["next_actions"] = np.where(same, following, out["actions"])
         if self.weighted:
             assert part.importance_weight is not None
             out["weights"] = np.take(part.importance_weight, index)
@@ -115,6 +137,10 @@ class MixtureSampler:
     (sets without the column get weight 1), normalised within each source unless
     ``normalise_weights`` is False (then the stored values, as they are). ``rollout_log_prob``
     also gathers that column (``Batch.rollout_log_prob``), for weights computed in training.
+    ``next_actions`` also gathers each row's successor action, the dataset's action at
+    ``next_observations`` (ReBRAC's critic penalty): the next row's action inside the same
+    episode; an episode's last row has none recorded and repeats its own (a terminal row is
+    never bootstrapped, so only timeouts see the stand-in).
     """
 
     def __init__(
@@ -128,12 +154,15 @@ class MixtureSampler:
         rollout_log_prob: bool = False,
         seed: int = 0,
         verify: bool = True,
+        next_actions: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise DataError("must be positive", field=f"batch_size={batch_size}")
         if not sets:
             raise DataError("no transition sets to sample from")
-        self.pools = [_Pool(_as_parts(s, verify), use_weights, rollout_log_prob) for s in sets]
+        self.pools = [
+            _Pool(_as_parts(s, verify), use_weights, rollout_log_prob, next_actions) for s in sets
+        ]
         shapes = {tuple(p.parts[0].observations.shape[1:]) for p in self.pools}
         if len(shapes) != 1:
             raise DataError(f"sets have different observation shapes {sorted(shapes)}")

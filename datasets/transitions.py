@@ -58,6 +58,8 @@ class Source(enum.IntEnum):
     """A noisy rollout in the dataset's own simulator."""
     MODEL = 2
     """A rollout in a learned-dynamics model."""
+    REVIEWED = 3
+    """An episode a person reviewed (``offaug review``; its ``label`` extra: 1 chosen, 0 not)."""
 
 
 REQUIRED_FIELDS: tuple[str, ...] = (

@@ -296,6 +296,8 @@ app.command("diagnose")(cli_pipeline.diagnose)
 app.command("report")(cli_pipeline.report)
 app.command("doctor")(cli_tools.doctor)
 app.command("render")(cli_tools.render)
+app.command("rank")(cli_tools.rank)
+app.command("review")(cli_tools.review)
 app.add_typer(cli_data.cache_app, name="cache")
 
 

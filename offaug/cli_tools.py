@@ -1,4 +1,5 @@
-"""The practitioner's commands: ``doctor`` (dataset pitfalls) and ``render`` (videos).
+"""The practitioner's commands: ``doctor`` (dataset pitfalls), ``render`` (videos), ``rank``
+(weighted policy ranking) and ``review`` (pick rollouts by eye, keep them as labelled data).
 
 As in :mod:`offaug.cli`, the library is imported inside each command so that ``--help`` does not
 wait for torch, Dask or the data stack.
@@ -124,3 +125,141 @@ def render(
             f"{episode.render_seconds:.1f}",
         )
     console.print(table)
+
+
+def rank(
+    checkpoints: Annotated[
+        list[Path], typer.Argument(help="Checkpoints or training run directories to rank.")
+    ],
+    starts: Annotated[int, typer.Option(min=1, help="Start states (reset seeds SEED + i).")] = 10,
+    metric: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Weighted metrics NAME:WEIGHT,...; NAME is return, success or length (longer is "
+                "better), -NAME for lower is better, e.g. return:0.6,success:0.3,length:0.1."
+            )
+        ),
+    ] = "return:1.0",
+    env: Annotated[
+        str | None, typer.Option(help="Env id (default: the first checkpoint's training env).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="First reset seed; also seeds the bootstrap.")] = 0,
+    scheduler: Annotated[
+        str | None, typer.Option(help="Dask scheduler address (default: a LocalCluster).")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="LocalCluster workers (default: one per policy).")
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the ranking as JSON.")] = False,
+) -> None:
+    """Rank policies by greedy episodes from the same start states, on a weighted score."""
+    import os
+
+    from distributed import Client, LocalCluster
+
+    from offaug.pipeline.diagnostics import rank_checkpoints
+    from offaug.pipeline.rank_metric import RankMetricError, parse_rank_metric
+    from offaug.pipeline.render import resolve_policy
+
+    try:
+        weights = parse_rank_metric(metric)
+    except RankMetricError as exc:
+        err_console.print(f"[bold red]error:[/] --metric: {exc}", highlight=False)
+        raise typer.Exit(code=2) from exc
+    targets = [guard(lambda p=p: resolve_policy(p, env_id=env)) for p in checkpoints]  # type: ignore[misc]
+    first = targets[0]
+    envs = {t.env_id or str(t.meta.get("eval_env_spec") or t.meta.get("env_spec")) for t in targets}
+    if len(envs) > 1:
+        err_console.print(
+            "[bold red]error:[/] the policies were trained in different environments; pass "
+            "--env ID to roll them all out in one"
+        )
+        raise typer.Exit(code=2)
+    paths = [str(t.checkpoint) for t in targets]
+    cluster = None
+    if scheduler is None:
+        # Dask's client API is untyped (mypy: no-untyped-call on these two calls).
+        cluster = LocalCluster(  # type: ignore[no-untyped-call]
+            n_workers=workers or min(len(paths), os.cpu_count() or 1),
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+        )
+    with Client(cluster or scheduler, timeout="30s") as client:  # type: ignore[no-untyped-call]
+        try:
+            with console.status(f"rolling {len(paths)} policies from {starts} start states"):
+                ranking = rank_checkpoints(
+                    paths,
+                    first.meta,
+                    starts,
+                    [seed],
+                    client,
+                    metric=weights,
+                    env_id=first.env_id,
+                    bootstrap_seed=seed,
+                )
+        finally:
+            if cluster is not None:
+                cluster.close()
+    if json_output:
+        from offaug.pipeline.diagnostics import jsonable
+
+        print(json.dumps(jsonable(ranking), indent=2))
+        return
+    table = Table(title=f"ranked by {weights} over {starts} start state(s)")
+    for column in ("rank", "policy", "score [95% CI]", "return", "success", "length"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for entry in ranking:
+        scored = entry["weighted"]
+        assert scored is not None  # ranked by a metric
+        table.add_row(
+            str(entry["rank"]),
+            str(entry["name"]),
+            f"{scored['score']:.3f} [{scored['low']:.3f}, {scored['high']:.3f}]",
+            f"{entry['mean_return']:.2f}",
+            f"{entry['success_rate']:.2f}",
+            f"{entry['mean_length']:.1f}",
+        )
+    console.print(table)
+
+
+def review(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (with stages.json).")],
+    starts: Annotated[int, typer.Option(min=1, help="Start states, one row each.")] = 3,
+    top: Annotated[int, typer.Option(min=1, help="Candidates per start state, by return.")] = 3,
+    out: Annotated[
+        Path | None, typer.Option(help="Review directory (default RUN_DIR/review).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Start states are reset seeds SEED + 30000 + i.")] = 0,
+    animations: Annotated[
+        bool, typer.Option(help="Film candidates where the env renders offscreen.")
+    ] = True,
+    apply: Annotated[
+        Path | None,
+        typer.Option(help="A choices.json saved by the page: write REVIEW_DIR/labelled."),
+    ] = None,
+) -> None:
+    """Write a page of each start state's best rollouts to pick from, or apply the picks."""
+    from offaug.pipeline.review import ReviewOptions, apply_choices, review_dir, review_run
+
+    directory = review_dir(run_dir, out)
+    if apply is not None:
+        labelled = guard(lambda: apply_choices(apply, directory))
+        rows = labelled.load()
+        chosen = int(rows.extras["label"].sum())
+        console.print(
+            f"wrote {labelled.episodes} episodes ({labelled.rows} rows, {chosen} chosen) to "
+            f"{labelled.directory}; train on it as another source, e.g. "
+            f"offaug train bc SOURCE {labelled.directory} --mixing 0.8,0.2"
+        )
+        return
+    options = ReviewOptions(starts=starts, top=top, seed=seed, animations=animations)
+    with console.status(f"rolling the policies of {run_dir} from {starts} start states"):
+        result = guard(lambda: review_run(run_dir, options, out=out))
+    if result.media_note:
+        console.print(result.media_note, highlight=False)
+    console.print(
+        f"{len(result.candidates)} candidates: open {result.page}, pick one per start state, "
+        f"save choices.json, then: offaug review {run_dir} --apply choices.json"
+    )

@@ -37,7 +37,7 @@ from typing import Any
 
 from distributed import Client
 
-from offaug.pipeline import stages
+from offaug.pipeline import media_stages, stages
 from offaug.pipeline.clusters import connect
 from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.rundir import StageRecords, append_log, write_workflow
@@ -302,6 +302,7 @@ def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads
             RefList(tuple(parts)),
         )
         names.extend([*parts, "diagnose"])
+    names.extend(_add_media(graph, workflow, layout, model_names))
     if workflow.publish is not None:
         provenance = {"workflow": workflow.name, "workflow_hash": workflow.digest()}
         graph.stage(
@@ -329,4 +330,55 @@ def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads
         str(layout.report),
     )
     names.append("report")
+    return names
+
+
+def _add_media(
+    graph: StageScheduler, workflow: Workflow, layout: RunLayout, model_names: list[str]
+) -> list[str]:
+    """The report's videos (one stage per trained policy, one for the data) and the dataset
+    doctor, each on a worker as soon as its inputs are done; return their stage names."""
+    report = workflow.report
+    names = []
+    if report.videos:
+        videos = str(layout.root / "videos")
+        for model in model_names:
+            name = f"{media_stages.VIDEO_STAGE_PREFIX}{model.removeprefix('train:')}"
+            graph.stage(
+                name,
+                media_stages.render_policy_stage,
+                {"report": report, "seed": workflow.seed},
+                ["source", model],
+                Ref("source"),
+                Ref(model),
+                report,
+                videos,
+                workflow.seed,
+            )
+            names.append(name)
+        graph.stage(
+            media_stages.DATA_VIDEO_STAGE,
+            media_stages.render_data_stage,
+            {"report": report, "seed": workflow.seed},
+            ["source", "rollout"],
+            Ref("source"),
+            Ref("rollout"),
+            report,
+            videos,
+            workflow.seed,
+        )
+        names.append(media_stages.DATA_VIDEO_STAGE)
+    if report.doctor:
+        gamma = workflow.diagnostics.gamma
+        graph.stage(
+            media_stages.DOCTOR_STAGE,
+            media_stages.doctor_stage,
+            {"gamma": gamma, "rollout": workflow.rollout},
+            ["source", "rollout"],
+            Ref("source"),
+            Ref("rollout"),
+            gamma,
+            workflow,
+        )
+        names.append(media_stages.DOCTOR_STAGE)
     return names

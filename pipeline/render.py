@@ -174,7 +174,7 @@ def render_episodes(
     for episode in range(episodes):
         started = time.perf_counter()
         observation, _ = env.reset(seed=seed + episode)
-        frames = [_frame(env, options)]
+        frames = [render_frame(env, options)]
         total, steps, done = 0.0, 0, False
         while not done and (options.max_steps is None or steps < options.max_steps):
             action = policy(np.asarray(observation, dtype=np.float32)[None])[0]
@@ -183,7 +183,7 @@ def render_episodes(
             steps += 1
             done = bool(terminated or truncated)
             if steps % options.frame_skip == 0 and len(frames) < options.max_frames:
-                frames.append(_frame(env, options))
+                frames.append(render_frame(env, options))
         filmed.append(
             RenderedEpisode(
                 frames=np.stack(frames),
@@ -197,7 +197,8 @@ def render_episodes(
     return filmed
 
 
-def _frame(env: Any, options: VideoOptions) -> npt.NDArray[np.uint8]:
+def render_frame(env: Any, options: VideoOptions) -> npt.NDArray[np.uint8]:
+    """The env's current frame at the options' size (RGB, uint8)."""
     try:
         frame: Any = env.render()
     except gym.error.DependencyNotInstalled as exc:

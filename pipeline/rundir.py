@@ -173,6 +173,32 @@ def read_stage_records(run_dir: str | Path) -> StageRecords:
     return StageRecords(layout)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunRecords:
+    """The results a finished run recorded: its source, BC, augmented set and trained models."""
+
+    data: DatasetRef
+    bc: ModelRef
+    augmented: AugmentedRef | None
+    models: list[ModelRef]
+
+
+def read_run_records(run_dir: str | Path) -> RunRecords:
+    """The ``source``, ``bc``, ``rollout`` and ``train:*`` results of a run directory.
+
+    Raises:
+        FileNotFoundError: no ``stages.json``.
+        DataError: a stage that every run has (``source``, ``bc``) is not recorded.
+    """
+    records = read_stage_records(run_dir)
+    return RunRecords(
+        data=records.result("source", DatasetRef),
+        bc=records.result("bc", ModelRef),
+        augmented=records.result("rollout", AugmentedRef) if "rollout" in records else None,
+        models=records.results("train:", ModelRef),
+    )
+
+
 def augmented_directory(run_dir: str | Path) -> Path:
     """The augmented shard set a run directory's ``rollout`` stage wrote.
 

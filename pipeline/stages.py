@@ -28,6 +28,7 @@ from offaug.datasets.shards import ShardSet, file_checksum
 from offaug.datasets.sources import cache_key, load_transitions, resolve_source
 from offaug.datasets.transitions import SIMULATOR_STATE_KEYS, SPACE_META_KEYS
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.media_stages import media_metrics
 from offaug.pipeline.rollout import RolloutConfig
 from offaug.pipeline.rollout_tasks import (
     RolloutShard,
@@ -423,6 +424,7 @@ def summarise(workflow: Workflow, results: dict[str, Any]) -> dict[str, Any]:
         metrics["diagnostics"] = results["diagnose"]
     if "publish" in results:
         metrics["publish"] = results["publish"]
+    metrics.update(media_metrics(results, workflow.report))
     return metrics
 
 

@@ -32,8 +32,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from offaug.pipeline.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
+from offaug.pipeline.rank_metric import RankMetric, parse_rank_metric
 
-Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq"]
+Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
 
 Weighting = Literal["none", "behaviour", "policy"]
 """The choices of ``offaug.algorithms.weighting.Weighting`` (named again here: that module
@@ -320,6 +321,26 @@ class DiagnosticsModel(_Strict):
     )
     gamma: float = Field(0.99, gt=0, lt=1, description="Discount for Monte-Carlo returns.")
     max_states: int = Field(5000, gt=0, description="States sampled for the k-NN and value checks.")
+    rank_metric: str | None = Field(
+        None,
+        description=(
+            "Rank the trained policies by a weighted score of their evaluation episodes, e.g. "
+            "'return:0.6,success:0.3,length:0.1' (metrics return, success, length; -NAME: lower "
+            "is better). Unset: by mean return, then success rate, then length."
+        ),
+    )
+
+    @field_validator("rank_metric")
+    @classmethod
+    def _check_rank_metric(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rank_metric(value)  # RankMetricError is a ValueError: pydantic reports it
+        return value
+
+    @property
+    def rank_weights(self) -> RankMetric | None:
+        """``rank_metric`` parsed (None when unset)."""
+        return None if self.rank_metric is None else parse_rank_metric(self.rank_metric)
 
 
 class PublishModel(_Strict):
@@ -332,6 +353,45 @@ class PublishModel(_Strict):
     format: Literal["hdf5", "arrow"] = Field("hdf5", description="Minari storage format.")
     overwrite: bool = Field(False, description="Replace an existing dataset with this id.")
     root: str | None = Field(None, description="Datasets root (default MINARI_DATASETS_PATH).")
+
+
+class ReportModel(_Strict):
+    """What the run report shows beyond the metrics: videos and the dataset doctor."""
+
+    videos: bool = Field(
+        False,
+        description=(
+            "Film each trained policy's best and worst evaluation episode and a few original and"
+            " augmented episodes (offscreen OpenGL; without it the report says so)."
+        ),
+    )
+    video_episodes: int = Field(
+        2,
+        gt=0,
+        description=(
+            "Episodes shown per trained policy and per kind of data, at evenly spaced return "
+            "ranks: 1 the best, 2 the best and the worst, 3 adds the median."
+        ),
+    )
+    max_report_mb: float = Field(
+        20.0,
+        gt=0,
+        description=(
+            "Bound on report.html: animations lose frames, then resolution, then whole episodes"
+            " until it fits, and the report says what it left out."
+        ),
+    )
+    width: int | None = Field(None, gt=0, description="Frame width (default the renderer's).")
+    height: int | None = Field(None, gt=0, description="Frame height (default the renderer's).")
+    frame_skip: int | None = Field(
+        None, gt=0, description="Film every k-th step (default the renderer's)."
+    )
+    max_frames: int | None = Field(
+        None, gt=0, description="At most this many frames per episode (default the renderer's)."
+    )
+    doctor: bool = Field(
+        True, description="Run the dataset doctor on the source and on the augmented data."
+    )
 
 
 class ClusterModel(_Strict):
@@ -374,6 +434,7 @@ class Workflow(_Strict):
     evaluation: EvaluationModel = Field(default_factory=EvaluationModel)
     diagnostics: DiagnosticsModel = Field(default_factory=DiagnosticsModel)
     publish: PublishModel | None = Field(None, description="Publish the result (omit to skip).")
+    report: ReportModel = Field(default_factory=ReportModel)
     cluster: ClusterModel = Field(default_factory=ClusterModel)
     shards: str | None = Field(
         None, description="Directory for shards every worker can reach (default RUN_DIR/shards)."

@@ -74,7 +74,7 @@ def test_train_refuses_an_unknown_algorithm_before_reading_data(
     )
     assert result.exit_code == 2
     assert "unknown algorithm 'qlearn'" in result.output
-    assert "bc, bcq, cql, discrete_bcq, discrete_cql, sac" in result.output
+    assert "bc, bcq, cql, discrete_bcq, discrete_cql, iql, rebrac, sac, td3bc" in result.output
     assert not any(tmp_path.iterdir())
 
 

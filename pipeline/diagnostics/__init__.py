@@ -16,7 +16,7 @@ One module per section of the output (typed in :mod:`.schema`):
 :mod:`.value`             ``value``: Q-hat against Monte-Carlo returns
 :mod:`.evaluation`        ``evaluation``: fresh episodes of each policy
 :mod:`.ope`               ``ope``: FQE and WPDIS
-:mod:`.ranking`           ``ranking``; ranking many checkpoints
+:mod:`.ranking`           ``ranking`` (default or weighted); ranking many checkpoints
 :mod:`.run`               the stages: :func:`run_diagnostics`, :func:`diagnose_policy`,
                           :func:`diagnose_run`
 ========================  ==========================================================
@@ -46,7 +46,12 @@ from offaug.pipeline.diagnostics.ope import (
     weighted_per_decision_is,
 )
 from offaug.pipeline.diagnostics.policies import ActionSpace, BehaviourModel
-from offaug.pipeline.diagnostics.ranking import rank_checkpoints, rank_results
+from offaug.pipeline.diagnostics.ranking import (
+    WeightedScore,
+    rank_checkpoints,
+    rank_results,
+    weighted_scores,
+)
 from offaug.pipeline.diagnostics.returns import (
     complete_returns,
     discounted_returns,
@@ -82,6 +87,7 @@ __all__ = [
     "Diagnostics",
     "DiagnosticsSettings",
     "Episode",
+    "WeightedScore",
     "batched_act",
     "batched_q",
     "complete_returns",
@@ -118,4 +124,5 @@ __all__ = [
     "value_gap",
     "weight_summary",
     "weighted_per_decision_is",
+    "weighted_scores",
 ]

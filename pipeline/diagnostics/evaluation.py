@@ -93,11 +93,17 @@ def episode_records(episodes: Sequence[Episode], gamma: float) -> EpisodeRecords
 
 
 def evaluate_checkpoint(
-    path: str, env_meta: Mapping[str, Any], reset_seeds: Sequence[int], gamma: float = 0.99
+    path: str,
+    env_meta: Mapping[str, Any],
+    reset_seeds: Sequence[int],
+    gamma: float = 0.99,
+    *,
+    env_id: str | None = None,
 ) -> CheckpointEvaluation:
-    """Load a checkpoint and run one greedy episode per reset seed (a Dask-friendly task)."""
+    """Load a checkpoint and run one greedy episode per reset seed (a Dask-friendly task), in
+    the env of ``env_meta`` or ``env_id``."""
     trainer = load_trainer(path, device="cpu")
-    env = make_env(env_meta)
+    env = make_env(env_meta, env_id)
     try:
         episodes = run_episodes(trainer.act, env, reset_seeds)
     finally:

@@ -24,7 +24,6 @@ import numpy as np
 from offaug.algorithms.train import load_trainer
 from offaug.datasets import ShardSet, load_transitions
 from offaug.datasets.atomic import write_json_atomic
-from offaug.datasets.errors import DataError
 from offaug.pipeline.diagnostics.coverage import state_coverage
 from offaug.pipeline.diagnostics.data import data_section
 from offaug.pipeline.diagnostics.divergence import divergence_section, policy_divergence
@@ -54,6 +53,7 @@ from offaug.pipeline.diagnostics.settings import DiagnosticsSettings
 from offaug.pipeline.diagnostics.value import value_entry
 from offaug.pipeline.diagnostics.weights import importance_weight_diagnostics
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
+from offaug.pipeline.rundir import read_run_records
 from offaug.pipeline.workflow import DiagnosticsModel, load_workflow
 
 
@@ -173,7 +173,8 @@ def _diagnose(
     ranking: list[RankingEntry] | None = None
     if all(part["evaluation"] is not None for part in parts):  # else no environment
         evaluation = {part["name"]: part["evaluation"] for part in parts}
-        ranking = rank_results([{"name": name, **entry} for name, entry in evaluation.items()])
+        named = [{"name": name, **entry} for name, entry in evaluation.items()]
+        ranking = rank_results(named, config.rank_weights, seed=seed)
     value: dict[str, ValueEntry] = {
         part["name"]: part["value"] for part in parts if part["value"] is not None
     }
@@ -275,30 +276,6 @@ def _policy_part(
     }
 
 
-def _run_records(
-    layout: RunLayout,
-) -> tuple[DatasetRef, ModelRef, AugmentedRef | None, list[ModelRef]]:
-    """The source, BC, rollout and training results recorded in ``RUN_DIR/stages.json``."""
-    if not layout.stages.is_file():
-        raise FileNotFoundError(f"{layout.stages}: no stage records; run the workflow first")
-    stages = json.loads(layout.stages.read_text()).get("stages", {})
-
-    def record(name: str, kind: type[Any]) -> Any:
-        if name not in stages:
-            raise DataError(
-                f"no finished {name!r} stage", path=layout.stages, hint="run the workflow first"
-            )
-        result = stages[name]["result"]
-        names = {f.name for f in dataclasses.fields(kind)}
-        return kind(**{k: v for k, v in result.items() if k in names})
-
-    data = record("source", DatasetRef)
-    bc = record("bc", ModelRef)
-    augmented = record("rollout", AugmentedRef) if "rollout" in stages else None
-    models = [record(name, ModelRef) for name in sorted(stages) if name.startswith("train:")]
-    return data, bc, augmented, models
-
-
 def diagnose_run(
     run_dir: str | Path, *, settings: DiagnosticsSettings | None = None
 ) -> dict[str, Any]:
@@ -315,7 +292,8 @@ def diagnose_run(
         DataError: the records lack the ``source`` or ``bc`` stage.
     """
     layout = RunLayout(Path(run_dir))
-    data, bc, augmented, models = _run_records(layout)
+    records = read_run_records(layout.root)
+    data, bc, augmented, models = records.data, records.bc, records.augmented, records.models
     config, seed = DiagnosticsModel(), 0
     if layout.workflow.is_file():
         workflow = load_workflow(layout.workflow)

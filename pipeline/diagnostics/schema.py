@@ -424,6 +424,22 @@ RankBy = TypedDict("RankBy", {"return": int, "success": int, "length": int})
 """A policy's rank on each criterion alone (1 is best; ties share the best rank)."""
 
 
+class WeightedRanking(TypedDict):
+    """A policy's weighted score (see :mod:`offaug.pipeline.rank_metric` and
+    :func:`~offaug.pipeline.diagnostics.ranking.weighted_scores`)."""
+
+    metric: str
+    """The weighting, normalised: e.g. ``return:0.6,success:0.3,length:0.1``."""
+    score: float
+    """Mean over start states of the weighted sum of the episode's scaled metrics (0 to 1)."""
+    low: float
+    """Lower end of the 95 % bootstrap interval (start states resampled)."""
+    high: float
+    """Upper end of that interval."""
+    scaled_means: dict[str, float]
+    """Each metric's mean on the common scale (0 worst to 1 best episode of any candidate)."""
+
+
 class RankingEntry(TypedDict):
     """One entry of ``ranking``, best first."""
 
@@ -432,7 +448,8 @@ class RankingEntry(TypedDict):
     path: Any
     """Its checkpoint path, when known."""
     rank: int
-    """1 is best: by mean return, then success rate, then length."""
+    """1 is best: by the weighted score when there is one, else by mean return, then success
+    rate, then length."""
     mean_return: Any
     """Mean return of its evaluation episodes."""
     mean_length: Any
@@ -441,6 +458,8 @@ class RankingEntry(TypedDict):
     """Their success rate."""
     rank_by: RankBy
     """Its rank on each criterion alone."""
+    weighted: WeightedRanking | None
+    """Its weighted score when ranked by a weighting (then ``rank`` follows it), else None."""
 
 
 # -- a policy's part and the whole document -------------------------------------------------------

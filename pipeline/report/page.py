@@ -1,7 +1,8 @@
 """The report page: one self-contained HTML file of a run's metrics, readable offline.
 
-Inline CSS, every plot embedded as a base64 PNG ``<img>``, no external URL; a section whose
-data is missing says so instead of failing.
+Inline CSS, every plot embedded as a base64 PNG ``<img>`` and every video as a GIF data URI
+(:mod:`.media`, within the page's size bound), no external URL; a section whose data is
+missing says so instead of failing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from offaug.datasets.atomic import atomic_path
 from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
+from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
 from offaug.pipeline.report.plots import Plot, render_plots
 
 _CSS = """
@@ -37,7 +39,17 @@ figure { margin: 0.8rem 0; }
 figure img { max-width: 100%; border: 1px solid #e3e3e3; }
 figcaption { font-size: 0.85rem; color: #444; }
 p.note { font-size: 0.85rem; color: #444; }
+h3 { font-size: 1rem; margin: 1rem 0 0.3rem; }
+.clips { display: flex; flex-wrap: wrap; gap: 1rem; }
+.clips figure { margin: 0; max-width: 22rem; }
+.clips img { image-rendering: pixelated; }
+table.doctor td, table.doctor th { text-align: left; vertical-align: top; }
+tr.warning td:first-child { color: #b06000; font-weight: 600; }
+tr.error td:first-child { color: #b3261e; font-weight: 600; }
 """
+
+
+_VIDEOS_SLOT = "<!-- videos -->"
 
 
 def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], css: str = "") -> str:
@@ -288,6 +300,7 @@ def _ope_html(ope: Mapping[str, Any] | None) -> str:
 def _ranking_html(ranking: Sequence[Mapping[str, Any]] | None) -> str:
     if not ranking:
         return _missing("No evaluation episodes (no environment or no trained policy).")
+    weighted = [entry.get("weighted") for entry in ranking]
     rows = [
         [
             html.escape(str(entry.get("name"))),
@@ -296,9 +309,23 @@ def _ranking_html(ranking: Sequence[Mapping[str, Any]] | None) -> str:
             number(entry.get("mean_length"), 4),
             percent(entry.get("success_rate")),
         ]
-        for entry in ranking
+        + (
+            [f"{number(w['score'], 3)} [{number(w['low'], 3)}, {number(w['high'], 3)}]"]
+            if w
+            else []
+        )
+        for entry, w in zip(ranking, weighted, strict=True)
     ]
-    return _table(["policy", "rank", "mean return", "mean length", "success"], rows)
+    header = ["policy", "rank", "mean return", "mean length", "success"]
+    if not all(weighted):
+        return _table(header, rows)
+    metric = html.escape(str(ranking[0]["weighted"]["metric"]))
+    note = (
+        f'<p class="note">Ranked by the weighted score {metric}: each metric scaled to 0 (worst '
+        "episode of any policy) .. 1 (best), weighted, averaged over the shared start states; "
+        "95 % bootstrap interval over start states.</p>"
+    )
+    return _table([*header, "weighted score [95 % CI]"], rows) + note
 
 
 def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report") -> str:
@@ -310,8 +337,10 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
     sections = [
         ("Headline", _table(None, head_rows, "headline") if head_rows else _missing("—")),
         ("Scores", _scores_html(metrics.get("training") or {})),
+        ("Videos", _VIDEOS_SLOT),
         ("Importance weights", _weights_html(diagnostics.get("weights"), plots)),
         ("Data", _data_html(diagnostics.get("data"), plots)),
+        ("Dataset doctor", doctor_html(metrics.get("doctor"))),
         ("State coverage", _coverage_html(diagnostics.get("coverage"), plots)),
         ("Policy divergence from β̂", _divergence_html(diagnostics.get("divergence"))),
         ("Value over-estimation", _value_html(diagnostics.get("value"), plots)),
@@ -324,11 +353,16 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
             f"{html.escape(str(k))} {number(v, 2)} s" for k, v in timings.items()
         )
         body += ".</p>"
-    return (
+    page = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>"
         f"<body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
     )
+    # The videos get what the rest of the page leaves of the size bound.
+    videos = metrics.get("videos")
+    limit = float((videos or {}).get("max_report_mb") or DEFAULT_MAX_REPORT_MB) * MEGABYTE
+    budget = int(limit) - len(page.encode("utf-8")) + len(_VIDEOS_SLOT)
+    return page.replace(_VIDEOS_SLOT, videos_html(videos, budget))
 
 
 def write_report(metrics: Mapping[str, Any], out_html: Path) -> Path:

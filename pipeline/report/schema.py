@@ -32,6 +32,83 @@ class RolloutWeights(TypedDict, total=False):
     """Mean log beta_hat/mu."""
 
 
+class VideoClip(TypedDict, total=False):
+    """One filmed episode, a GIF under ``RUN_DIR/videos/``
+    (:mod:`offaug.pipeline.media_stages`)."""
+
+    path: str
+    label: str
+    """``best``, ``worst`` or ``rank R of N`` (by return)."""
+    frames: int
+    width: int
+    height: int
+    fps: float
+    """Playback rate that shows the episode in real time."""
+    bytes: int
+    episode_return: float
+    length: int
+    """Steps of the episode (filmed or not)."""
+    render_seconds: float
+    seed: int
+    """Policies: the reset seed (that of the evaluation episode)."""
+    evaluation_return: float | None
+    """Policies: the return the training evaluation recorded for the same episode."""
+    episode: int
+    """Data: the episode's index in its dataset."""
+    start_row: int
+    """Augmented data: the dataset row the episode branched from."""
+    replay_error: float
+    """Data: largest |replayed - recorded observation| (0 for states set as recorded; float32
+    rounding for an exact replay)."""
+
+
+class VideoSet(TypedDict, total=False):
+    """The clips of one policy or one kind of data, or why there are none."""
+
+    clips: list[VideoClip]
+    unavailable: str
+    """Why nothing was filmed (no OpenGL, no simulator state, ...)."""
+    method: str
+    """Data: how the episodes were put back into the simulator."""
+    policy: str
+    seconds: float
+
+
+class DataVideos(VideoSet, total=False):
+    """The data's videos: ``original`` and ``augmented`` parts (or one ``unavailable``)."""
+
+    original: VideoSet
+    augmented: VideoSet
+
+
+class Videos(TypedDict, total=False):
+    """``metrics.json``'s ``videos``."""
+
+    policies: dict[str, VideoSet]
+    """Per trained policy (``<algorithm>-original`` / ``-augmented``)."""
+    data: DataVideos | None
+    max_report_mb: float
+    """Bound on report.html (10^6 bytes)."""
+
+
+class DoctorFindings(TypedDict, total=False):
+    """:meth:`offaug.datasets.doctor.DoctorReport.to_json`."""
+
+    worst: str
+    exit_code: int
+    facts: dict[str, Any]
+    findings: list[dict[str, Any]]
+    """Each ``{code, severity, message, advice, numbers}``."""
+
+
+class Doctor(TypedDict, total=False):
+    """``metrics.json``'s ``doctor``: the dataset doctor on the source and the augmented data."""
+
+    gamma: float
+    source: DoctorFindings
+    augmented: DoctorFindings | None
+
+
 class Metrics(TypedDict, total=False):
     """``metrics.json``: a run's metrics."""
 
@@ -42,3 +119,7 @@ class Metrics(TypedDict, total=False):
     diagnostics: dict[str, Any]
     """:func:`offaug.pipeline.diagnostics.run_diagnostics`'s document, typed as
     :class:`offaug.pipeline.diagnostics.schema.Diagnostics`."""
+    videos: Videos
+    """Animations of trained policies and of the data (workflow ``report.videos``)."""
+    doctor: Doctor
+    """The dataset doctor's findings."""

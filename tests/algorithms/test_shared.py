@@ -17,7 +17,7 @@ import torch
 from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.train import TrainOptions, load_trainer, train
+from offaug.algorithms.train import TrainOptions, load_trainer, make_sampler, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 ALGORITHMS = sorted(registry.ALGORITHMS)
@@ -44,11 +44,14 @@ def _data(make_test_dataset, name: str) -> Transitions:
 def _build(name: str, data: Transitions, seed: int = 0):
     torch.manual_seed(seed)
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
-    return registry.build(name, spaces, _small_config(name), device="cpu")
+    trainer = registry.build(name, spaces, _small_config(name), device="cpu")
+    make_sampler(trainer, [data])  # learners with data statistics (TD3+BC, IQL) take them
+    return trainer
 
 
 def _batches(data: Transitions, n: int, seed: int = 0):
-    sampler = MixtureSampler([data], 32, seed=seed)
+    # next_actions for the learners that need them (ReBRAC); the others ignore the column.
+    sampler = MixtureSampler([data], 32, seed=seed, next_actions=True)
     return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from offaug.pipeline import diagnostics as diag
+from offaug.pipeline.rank_metric import parse_rank_metric
 from offaug.pipeline.report import headline, render_html, render_plots, write_report
 
 
@@ -84,3 +86,18 @@ def test_report_run_needs_metrics(tmp_path: Path) -> None:
 
     with pytest.raises(FileNotFoundError, match=r"metrics\.json"):
         report_run(tmp_path)
+
+
+def test_ranking_shows_the_weighted_score_when_there_is_one() -> None:
+    results = [
+        {"name": name, "returns": r, "successes": [1, 0], "lengths": [5, 9]}
+        | {"mean_return": sum(r) / 2, "success_rate": 0.5, "mean_length": 7.0}
+        for name, r in (("good", [9.0, 8.0]), ("bad", [1.0, 2.0]))
+    ]
+    plain = render_html({"diagnostics": {"ranking": diag.rank_results(results)}})
+    assert "weighted score" not in plain
+    ranking = diag.rank_results(results, parse_rank_metric("return:0.8,-length:0.2"))
+    page = render_html({"diagnostics": {"ranking": diag.jsonable(ranking)}})
+    assert "weighted score [95 % CI]" in page
+    assert "return:0.8,-length:0.2" in page
+    assert page.index("good") < page.index("bad")

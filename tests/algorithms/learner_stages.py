@@ -1,0 +1,28 @@
+"""A learner through the workflow's stages on a tiny real dataset: train, then diagnose.
+
+Shared by the learner test files that check a learner works in workflows as CQL does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from offaug.datasets import load_transitions
+from offaug.pipeline.layout import DatasetRef
+from offaug.pipeline.stages import diagnose_policy_stage, train_bc, train_offline
+from offaug.pipeline.workflow import BCConfigModel, DiagnosticsModel, EvaluationModel, TrainModel
+
+
+def train_and_diagnose(
+    algorithm: str, config: dict[str, Any], dataset_id: str, out: Path
+) -> dict[str, Any]:
+    """Train ``algorithm`` for 10 steps with the workflow's stage and diagnose the policy."""
+    data = load_transitions(dataset_id)
+    ref = DatasetRef(dataset_id, len(data), data.num_episodes, "", False, dict(data.meta))
+    bc = train_bc(ref, BCConfigModel(steps=10, hidden=(32, 32), batch_size=32), str(out / "bc"), 0)
+    train_config = TrainModel(algorithms=(algorithm,), steps=10, configs={algorithm: config})
+    model = train_offline(
+        algorithm, ref, None, train_config, EvaluationModel(episodes=1), str(out / "train"), 0
+    )
+    return diagnose_policy_stage(ref, bc, model, DiagnosticsModel(max_states=200), 0, 0)
