@@ -17,7 +17,8 @@ from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.bc import BC
 from offaug.algorithms.cql import CQL
-from offaug.algorithms.train import TrainOptions, train
+from offaug.algorithms.iql import IQL
+from offaug.algorithms.train import TrainOptions, make_sampler, train
 from offaug.algorithms.weighting import (
     PolicyWeights,
     WeightUsage,
@@ -142,7 +143,8 @@ def test_torch_normalisation_pools_each_source_and_guards_zero_sums() -> None:
 
 
 def _log_pi_by_hand(trainer, observations: np.ndarray, actions: np.ndarray) -> np.ndarray:
-    """log pi(a|s) over the environment's box from the actor's outputs, with torch.distributions."""
+    """log pi(a|s) over the environment's box from the actor's outputs, with torch.distributions:
+    CQL's tanh-Gaussian; BC's and IQL's Gaussians truncated to the box."""
     spaces = trainer.spaces
     low = torch.tensor(spaces.action_low, dtype=torch.float64)
     high = torch.tensor(spaces.action_high, dtype=torch.float64)
@@ -156,19 +158,24 @@ def _log_pi_by_hand(trainer, observations: np.ndarray, actions: np.ndarray) -> n
                 D.Normal(mean, log_std.exp()), [D.TanhTransform(), to_env]
             )
             return squashed.log_prob(env_actions).sum(-1).numpy()
-        mean, log_std = (x.double() for x in trainer.policy.mean_log_std(obs))
+        if isinstance(trainer, IQL):
+            actor_outputs = trainer.actor.mean_log_std(trainer.observation_normaliser(obs))
+        else:
+            actor_outputs = trainer.policy.mean_log_std(obs)
+        mean, log_std = (x.double() for x in actor_outputs)
         normal = D.Normal(mean, log_std.exp())
         box_mass = normal.cdf(torch.ones_like(mean)) - normal.cdf(-torch.ones_like(mean))
         truncated = D.TransformedDistribution(normal, [to_env])
         return (truncated.log_prob(env_actions) - box_mass.log()).sum(-1).numpy()
 
 
-@pytest.mark.parametrize("algorithm", ["cql", "bc"])
+@pytest.mark.parametrize("algorithm", ["cql", "bc", "iql"])
 def test_policy_weights_are_pi_over_mu_from_an_independent_computation(
     algorithm: str, hopper: Transitions, rollouts: ShardSet
 ) -> None:
     torch.manual_seed(0)
     trainer = registry.build(algorithm, _spaces(hopper), {"hidden": (32, 32)}, device="cpu")
+    make_sampler(trainer, [hopper])  # IQL takes its observation moments from the data
     sampler = MixtureSampler(
         [hopper, rollouts], 256, mixing=[0.5, 0.5], rollout_log_prob=True, seed=2
     )
@@ -259,7 +266,14 @@ def test_behaviour_weights_report_their_ess(
 
 @pytest.mark.parametrize(
     ("algorithm", "config"),
-    [("bcq", {}), ("discrete_cql", {}), ("discrete_bcq", {}), ("bc", {"policy": "deterministic"})],
+    [
+        ("bcq", {}),
+        ("td3bc", {}),
+        ("rebrac", {}),
+        ("discrete_cql", {}),
+        ("discrete_bcq", {}),
+        ("bc", {"policy": "deterministic"}),
+    ],
 )
 def test_learners_without_a_policy_density_refuse_policy_weights(
     algorithm: str, config: dict[str, object], make_test_dataset, tmp_path: Path
@@ -279,6 +293,6 @@ def test_learners_without_a_policy_density_refuse_policy_weights(
         )
 
 
-@pytest.mark.parametrize("algorithm", ["bc", "cql", "sac"])
+@pytest.mark.parametrize("algorithm", ["bc", "cql", "sac", "iql"])
 def test_learners_with_a_policy_density_accept_policy_weights(algorithm: str) -> None:
     assert registry.policy_weighting_refusal(algorithm, {}) is None
