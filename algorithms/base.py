@@ -88,6 +88,34 @@ class Trainer(Protocol):
         """Greedy actions for a batch of observations, in the environment's action space."""
 
 
+@runtime_checkable
+class PolicyDensity(Protocol):
+    """The optional capability of a learner whose policy has a density (BC's Gaussian, SAC's
+    and CQL's tanh-Gaussian): what ``weighting: policy`` needs to weight rows by pi/mu.
+
+    A learner has it when its class defines :meth:`policy_log_prob`; a learner whose density
+    depends on its config (BC: Gaussian or deterministic) also defines a static
+    ``has_density(config) -> bool`` (:func:`has_policy_density` asks both).
+    """
+
+    def policy_log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log pi_theta(a|s)`` of the current policy: ``(B, obs), (B, act) -> (B,)``.
+
+        ``actions`` are in the environment's units and the density is over the environment's
+        action box, the convention of ``rollout_log_prob``: the density over the normalised box
+        ``[-1, 1]^d`` plus :attr:`ActionNormaliser.log_abs_det` (discrete: the log-probability
+        of the action index). No gradient is needed or kept.
+        """
+
+
+def has_policy_density(trainer_type: type[Any], config: Any) -> bool:
+    """Whether a trainer of ``trainer_type`` built with ``config`` has :class:`PolicyDensity`."""
+    if not callable(getattr(trainer_type, "policy_log_prob", None)):
+        return False
+    has_density = getattr(trainer_type, "has_density", None)
+    return True if has_density is None else bool(has_density(config))
+
+
 def configure_torch(threads: int | None = None) -> None:
     """Set torch up for CPU training: flush denormals and pin the thread count.
 
@@ -115,7 +143,12 @@ def choose_device(device: str | None = None) -> torch.device:
 
 
 def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """``mean(weights * values)``; with ``None`` or all-ones weights the plain mean."""
+    """``mean(weights * values)``; with ``None`` or all-ones weights the plain mean.
+
+    Training weights are normalised within each source (each source's weights sum to its row
+    count: :func:`offaug.datasets.sampler.normalise_source`), so this mean is
+    ``sum_s (n_s / B) * sum_{i in s} w_i l_i / sum_{i in s} w_i``.
+    """
     if weights is None:
         return values.mean()
     return (values * weights).mean()

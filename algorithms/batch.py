@@ -33,10 +33,18 @@ class TorchBatch:
     timeouts: torch.Tensor  # (B,) float32: 1.0 where a time limit cut the episode
     weights: torch.Tensor  # (B,) float32 per-sample loss weights (1 when unweighted)
     next_actions: torch.Tensor | None = None  # (B, *act), the data's action at s', when sampled
+    set_index: torch.Tensor | None = None  # (B,) int64 source of each row (``with_sources``)
+    rollout_log_prob: torch.Tensor | None = None  # (B,) float32 log mu(a|s), NaN where absent
 
     @classmethod
-    def from_batch(cls, batch: Batch, device: str | torch.device = "cpu") -> TorchBatch:
-        """Convert a numpy batch; flags become float so they can enter a loss directly."""
+    def from_batch(
+        cls, batch: Batch, device: str | torch.device = "cpu", *, with_sources: bool = False
+    ) -> TorchBatch:
+        """Convert a numpy batch; flags become float so they can enter a loss directly.
+
+        ``with_sources`` also converts each row's source (``set_index``) and, when the batch
+        has it, ``rollout_log_prob``: what training-time weights need. Learners read neither.
+        """
 
         def tensor(array: npt.NDArray[Any]) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
@@ -50,6 +58,12 @@ class TorchBatch:
             timeouts=tensor(batch.timeouts.astype(np.float32)),
             weights=tensor(batch.weights),
             next_actions=None if batch.next_actions is None else tensor(batch.next_actions),
+            set_index=tensor(batch.set_index.astype(np.int64)) if with_sources else None,
+            rollout_log_prob=(
+                tensor(batch.rollout_log_prob)
+                if with_sources and batch.rollout_log_prob is not None
+                else None
+            ),
         )
 
 

@@ -125,28 +125,48 @@ class BC:
             action = self.policy(obs)
         return self.normaliser.inverse(action).cpu().numpy()
 
+    @staticmethod
+    def has_density(config: BCConfig) -> bool:
+        """Whether :meth:`policy_log_prob` exists for ``config``: not for a deterministic policy
+        (on discrete actions every BC policy is a categorical, but the config cannot tell)."""
+        return config.policy == "gaussian"
+
     @torch.no_grad()
+    def policy_log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log pi(a|s)`` of environment-space actions (``base.PolicyDensity``): the truncated
+        Gaussian over the normalised box plus the box's ``log |det|``, or the categorical's
+        log-probability of an action index.
+
+        Raises:
+            ValueError: a deterministic policy has no density.
+        """
+        if self.spaces.discrete:
+            log_probs = F.log_softmax(self.policy(observations), -1)
+            return log_probs.gather(-1, actions[:, None]).squeeze(-1)
+        if not isinstance(self.policy, TruncatedGaussianActor):
+            raise ValueError(
+                "a deterministic BC policy has no log-probability; use policy='gaussian'"
+            )
+        # Change of variables from the normalised box to the environment's box.
+        normalised = self.normaliser(actions)
+        return self.policy.log_prob(observations, normalised) + self.normaliser.log_abs_det
+
     def log_prob(
         self, observations: npt.NDArray[np.float32], actions: npt.NDArray[Any]
     ) -> npt.NDArray[np.float32]:
-        """``log beta_hat(a|s)`` of environment-space actions (a density over the env's box).
+        """``log beta_hat(a|s)`` of environment-space actions (a density over the env's box):
+        :meth:`policy_log_prob` on arrays.
 
         Raises:
             ValueError: a deterministic policy has no density.
         """
         obs = to_tensor(observations, self.device)
         if self.spaces.discrete:
-            index = index_tensor(actions, self.device)
-            log_probs = F.log_softmax(self.policy(obs), -1)
-            return log_probs.gather(-1, index[:, None]).squeeze(-1).cpu().numpy()
-        if not isinstance(self.policy, TruncatedGaussianActor):
-            raise ValueError(
-                "a deterministic BC policy has no log-probability; use policy='gaussian'"
-            )
-        normalised = self.normaliser(to_tensor(actions, self.device))
-        # Change of variables from the normalised box to the environment's box.
-        log_prob = self.policy.log_prob(obs, normalised) + self.normaliser.log_abs_det
-        return log_prob.cpu().numpy()
+            action_tensor = index_tensor(actions, self.device)
+        else:
+            action_tensor = to_tensor(actions, self.device)
+        log_prob: npt.NDArray[np.float32] = self.policy_log_prob(obs, action_tensor).cpu().numpy()
+        return log_prob
 
     def state_dict(self) -> dict[str, Any]:
         """Policy, optimiser and step count."""

@@ -68,6 +68,30 @@ def tanh_gaussian(
     return torch.tanh(pre_tanh), log_prob
 
 
+TANH_EDGE = 1e-6
+"""How far inside the normalised box :func:`tanh_gaussian_log_prob` moves actions on its faces."""
+
+
+def tanh_gaussian_log_prob(
+    actions: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor
+) -> torch.Tensor:
+    """Log-density of ``tanh(N(mean, std))`` at given actions in ``[-1, 1]^d``, summed over the
+    last axis: ``log N(atanh a; mean, std) - sum log(1 - a^2)`` (the density of
+    :func:`tanh_gaussian`'s samples, evaluated at actions that were not drawn from it).
+
+    A tanh-Gaussian puts no mass on the box's faces while a truncated-Gaussian or clipped
+    rollout action can lie on one: such actions are moved ``TANH_EDGE`` inside, where the
+    density is finite (and, for any std the actor allows, tiny unless the mean is saturated).
+    """
+    inside = actions.clamp(-1.0 + TANH_EDGE, 1.0 - TANH_EDGE)
+    # 1 - a and 1 + a are exact in floating point near the faces, unlike 1 - a^2.
+    log_one_minus, log_one_plus = torch.log1p(-inside), torch.log1p(inside)
+    pre_tanh = 0.5 * (log_one_plus - log_one_minus)  # atanh(a)
+    z = (pre_tanh - mean) / log_std.exp()
+    log_gaussian = -0.5 * z.pow(2) - log_std - LOG_SQRT_2PI
+    return (log_gaussian - log_one_minus - log_one_plus).sum(-1)
+
+
 class ActionNormaliser(nn.Module):
     """Maps Box actions to ``[-1, 1]`` inside the trainer (identity for discrete actions)."""
 

@@ -45,7 +45,11 @@ from offaug.algorithms.base import (
     weighted_mean,
 )
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.distributions import LOG_SQRT_2PI, ActionNormaliser
+from offaug.algorithms.distributions import (
+    LOG_SQRT_2PI,
+    ActionNormaliser,
+    truncated_normal_log_prob,
+)
 from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.networks import LOG_STD_MAX, LOG_STD_MIN, MLP, CriticEnsemble
 from offaug.algorithms.statistics import ObservationNormaliser, observation_moments, reward_scale
@@ -283,6 +287,19 @@ class IQL:
         obs = self.observation_normaliser(to_tensor(observations, self.device))
         mean, _ = self.actor.mean_log_std(obs)
         return self.normaliser.inverse(mean).cpu().numpy()
+
+    @torch.no_grad()
+    def policy_log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log pi(a|s)`` of environment-space actions (``base.PolicyDensity``).
+
+        The actor's Gaussian truncated to the normalised box (the actions an environment takes;
+        the untruncated density the actor trains with differs on the box only by each state's
+        log box mass) plus the box's ``log |det|``: a density over the environment's box, as
+        ``log mu`` is.
+        """
+        mean, log_std = self.actor.mean_log_std(self.observation_normaliser(observations))
+        normalised = self.normaliser(actions)
+        return truncated_normal_log_prob(normalised, mean, log_std) + self.normaliser.log_abs_det
 
     @torch.no_grad()
     def q_values(

@@ -26,7 +26,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from offaug.algorithms.distributions import tanh_gaussian, truncated_normal_log_prob
+from offaug.algorithms.distributions import (
+    tanh_gaussian,
+    tanh_gaussian_log_prob,
+    truncated_normal_log_prob,
+)
 from offaug.algorithms.kernels import ensemble_mlp
 
 LOG_STD_MIN = -5.0
@@ -254,6 +258,11 @@ class TanhGaussianActor(nn.Module):
         """The squashed mean action."""
         mean, _ = self.mean_log_std(observations)
         return torch.tanh(mean)
+
+    def log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Log-density of given actions in ``[-1, 1]^d``: ``(B, obs), (B, act) -> (B,)``."""
+        mean, log_std = self.mean_log_std(observations)
+        return tanh_gaussian_log_prob(actions, mean, log_std)
 
 
 class DeterministicActor(nn.Module):

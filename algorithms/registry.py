@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
-from offaug.algorithms.base import Spaces, Trainer, config_from_json
+from offaug.algorithms.base import Spaces, Trainer, config_from_json, has_policy_density
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,36 @@ def config_type(name: str) -> type[Any]:
     spec = _spec(name)
     config: type[Any] = getattr(importlib.import_module(spec.module), spec.config)
     return config
+
+
+def trainer_type(name: str) -> type[Any]:
+    """The trainer class of learner ``name``."""
+    spec = _spec(name)
+    trainer: type[Any] = getattr(importlib.import_module(spec.module), spec.trainer)
+    return trainer
+
+
+def policy_weighting_refusal(name: str, config: Mapping[str, Any] | None = None) -> str | None:
+    """Why learner ``name`` with ``config`` cannot weight rows by pi/mu, or None when it can.
+
+    ``weighting: policy`` recomputes pi_theta(a|s) / mu(a|s) from the learner's current policy,
+    which needs a policy with a density (:class:`~offaug.algorithms.base.PolicyDensity`). An
+    unknown config field is not reported here (the config check names it).
+    """
+    try:
+        config_obj = config_from_json(config_type(name), dict(config or {}))
+    except (TypeError, ValueError):
+        return None
+    kind = trainer_type(name)
+    if has_policy_density(kind, config_obj):
+        return None
+    able = [n for n in ALGORITHMS if has_policy_density(trainer_type(n), config_type(n)())]
+    why = " with this config" if callable(getattr(kind, "policy_log_prob", None)) else ""
+    return (
+        f"weighting 'policy' needs a learner whose policy has a density (pi/mu is computed from "
+        f"it); {name}'s policy has no density{why}. Use weighting 'behaviour' or 'none', or one "
+        f"of: {', '.join(able)}"
+    )
 
 
 def build(

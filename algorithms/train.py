@@ -1,11 +1,15 @@
 """The offline training loop behind ``offaug train``.
 
 It samples from one or many transition sets (with a mixing ratio and optional importance
-weights), calls ``trainer.update`` and, at fixed intervals, logs metrics as JSON lines, evaluates
-the greedy policy in the dataset's environment and writes a checkpoint. A run directory holds::
+weights: :mod:`offaug.algorithms.weighting`), perturbs the batch's states when asked
+(:mod:`offaug.algorithms.state_noise`), calls ``trainer.update`` and, at fixed intervals, logs
+metrics as JSON lines, evaluates the greedy policy in the dataset's environment and writes a
+checkpoint. The first source is the original data (state noise is scaled by its std). A run
+directory holds::
 
-    config.json        the resolved learner config and run options
-    metrics.jsonl      one line per log interval (training) and per evaluation
+    config.json        the resolved learner config and run options (weighting, state noise)
+    metrics.jsonl      one line per log interval (training, with the ESS/N of the weights
+                       used) and per evaluation
     checkpoint.pt      the latest checkpoint (resume from it)
     checkpoints/       step_<N>.pt at every checkpoint interval
 """
@@ -16,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ import torch
 
 from offaug.algorithms import registry
 from offaug.algorithms.base import (
+    PolicyDensity,
     Spaces,
     Trainer,
     config_to_json,
@@ -37,6 +42,8 @@ from offaug.algorithms.base import (
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.compiling import compile_trainer
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.algorithms.state_noise import StateNoise, StateNoiser, observation_std
+from offaug.algorithms.weighting import DEFAULT_MAX_WEIGHT, PolicyWeights, Weighting, WeightUsage
 from offaug.datasets.atomic import write_bytes_atomic, write_json_atomic
 from offaug.datasets.sampler import MixtureSampler
 from offaug.datasets.shards import ShardSet
@@ -54,8 +61,17 @@ class TrainOptions:
     """Seed of initialisation, sampling and evaluation."""
     mixing: tuple[float, ...] | None = None
     """Share of each source in every batch; None samples all rows uniformly."""
-    use_weights: bool = False
-    """Weight each row's loss by its ``importance_weight`` column."""
+    weighting: Weighting = "none"
+    """How rows are weighted in the losses: ``none``, ``behaviour`` (the stored
+    ``importance_weight``) or ``policy`` (pi_theta/mu from the learner's current policy;
+    learners with a policy density only). See :mod:`offaug.algorithms.weighting`."""
+    normalise_weights: bool = True
+    """Normalise the weights within each source in every batch (so the mixing ratio holds);
+    False uses them as they are, original rows at 1."""
+    max_weight: float | None = None
+    """Clip pi/mu here (``policy``); None: each source's recorded ``max_weight``."""
+    state_noise: StateNoise | None = None
+    """S4RL noise on observations and next observations (None: off)."""
     log_every: int = 1000
     """Steps between metric lines."""
     eval_every: int = 5000
@@ -83,6 +99,8 @@ class TrainResult:
     steps: int
     last_evaluation: EvaluationResult | None
     checkpoint: Path
+    weight_ess_fraction: float | None = None
+    """ESS/N over every weighted row training used (None when unweighted)."""
 
 
 def _load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Transitions | ShardSet:
@@ -129,16 +147,28 @@ def train(
     datasets = [_load_source(s) for s in sources]
     meta, first = _meta_and_first(datasets[0])
     spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    if options.weighting == "policy":
+        refusal = registry.policy_weighting_refusal(algorithm, config)
+        if refusal is not None:
+            raise ValueError(refusal)
     trainer = registry.build(algorithm, spaces, dict(config or {}), device=options.device)
     compiled = compile_trainer(trainer) if options.compile else ()
     resolved_config = trainer.config
     sampler = make_sampler(
-        trainer, datasets, mixing=options.mixing, use_weights=options.use_weights, seed=options.seed
+        trainer,
+        datasets,
+        mixing=options.mixing,
+        use_weights=options.weighting == "behaviour",
+        normalise_weights=options.normalise_weights,
+        rollout_log_prob=options.weighting == "policy",
+        seed=options.seed,
     )
+    device = trainer_device(trainer)
+    prepare = _BatchPreparation(trainer, sampler, datasets, options, device)
     checkpoint_path = run_dir / "checkpoint.pt"
     start = 0
     if resume and checkpoint_path.is_file():
-        start = _resume(trainer, sampler, checkpoint_path, algorithm)
+        start = _resume(trainer, sampler, prepare, checkpoint_path, algorithm)
     write_json_atomic(
         run_dir / "config.json",
         {
@@ -159,14 +189,13 @@ def train(
         env = make_env(meta, options.env_id)
     last_eval: EvaluationResult | None = None
     pending: list[dict[str, torch.Tensor]] = []
-    device = trainer_device(trainer)
     started = time.perf_counter()
     with open(run_dir / "metrics.jsonl", "a") as log:
         for step in range(start + 1, options.steps + 1):
-            batch = TorchBatch.from_batch(sampler.sample(), device)
-            pending.append(trainer.update(batch))
+            pending.append(trainer.update(prepare(sampler)))
             if step % options.log_every == 0 or step == options.steps:
                 metrics = _mean_metrics(pending)
+                metrics.update(prepare.flush_metrics())
                 pending.clear()
                 metrics["steps_per_s"] = (step - start) / (time.perf_counter() - started)
                 log.write(json.dumps({"step": step, "kind": "train", **metrics}) + "\n")
@@ -195,10 +224,75 @@ def train(
                 )
                 log.flush()
             if step % options.checkpoint_every == 0 or step == options.steps:
-                _checkpoint(trainer, sampler, algorithm, resolved_config, spaces, step, run_dir)
+                _checkpoint(
+                    trainer, sampler, prepare, algorithm, resolved_config, spaces, step, run_dir
+                )
     if env is not None:
         env.close()
-    return TrainResult(run_dir, options.steps, last_eval, checkpoint_path)
+    ess = prepare.usage.ess_fraction() if prepare.usage is not None else None
+    return TrainResult(run_dir, options.steps, last_eval, checkpoint_path, ess)
+
+
+class _BatchPreparation:
+    """What happens to a sampled batch before ``update``: conversion to torch, policy weights,
+    counting the weights used, state noise (in that order: pi/mu belongs to the clean state)."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        sampler: MixtureSampler,
+        datasets: Sequence[Transitions | ShardSet],
+        options: TrainOptions,
+        device: torch.device,
+    ) -> None:
+        self.device = device
+        self.policy_weights: PolicyWeights | None = None
+        self.usage: WeightUsage | None = None
+        if options.weighting == "policy":
+            if not isinstance(trainer, PolicyDensity):
+                raise ValueError(f"{type(trainer).__name__} has no policy_log_prob")
+            max_weights = [_max_weight(d, options.max_weight) for d in datasets]
+            self.policy_weights = PolicyWeights(
+                trainer, max_weights, device, normalise=options.normalise_weights
+            )
+            self.usage = WeightUsage(sampler.sets_with_log_probs, device)
+        elif options.weighting == "behaviour":
+            self.usage = WeightUsage(sampler.weighted_sets, device)
+        self.noiser: StateNoiser | None = None
+        if options.state_noise is not None:
+            std = observation_std(_parts(datasets[0]))
+            self.noiser = StateNoiser(options.state_noise, std, device, options.seed)
+
+    def __call__(self, sampler: MixtureSampler) -> TorchBatch:
+        batch = TorchBatch.from_batch(
+            sampler.sample(), self.device, with_sources=self.usage is not None
+        )
+        clipped = None
+        if self.policy_weights is not None:
+            batch, clipped = self.policy_weights(batch)
+        if self.usage is not None:
+            assert batch.set_index is not None  # converted with_sources
+            self.usage.add(batch.weights, batch.set_index, clipped)
+        if self.noiser is not None:
+            batch = self.noiser(batch)
+        return batch
+
+    def flush_metrics(self) -> dict[str, float]:
+        """The weights' figures since the last call (one host sync)."""
+        if self.usage is None:
+            return {}
+        return self.usage.flush(clipping=self.policy_weights is not None)
+
+
+def _max_weight(data: Transitions | ShardSet, override: float | None) -> float:
+    if override is not None:
+        return override
+    recorded = data.params.get("max_weight") if isinstance(data, ShardSet) else None
+    return float(recorded) if recorded is not None else DEFAULT_MAX_WEIGHT
+
+
+def _parts(data: Transitions | ShardSet) -> Iterable[Transitions]:
+    return data.iter_shards() if isinstance(data, ShardSet) else [data]
 
 
 def make_sampler(
@@ -207,6 +301,8 @@ def make_sampler(
     *,
     mixing: Sequence[float] | None = None,
     use_weights: bool = False,
+    normalise_weights: bool = True,
+    rollout_log_prob: bool = False,
     seed: int = 0,
 ) -> MixtureSampler:
     """The sampler ``trainer`` trains from, with the trainer prepared on its data.
@@ -220,6 +316,8 @@ def make_sampler(
         trainer.config.batch_size,
         mixing=mixing,
         use_weights=use_weights,
+        normalise_weights=normalise_weights,
+        rollout_log_prob=rollout_log_prob,
         seed=seed,
         next_actions=bool(getattr(trainer, "uses_next_actions", False)),
     )
@@ -248,17 +346,22 @@ def _mean_metrics(pending: list[dict[str, torch.Tensor]]) -> dict[str, float]:
 def _checkpoint(
     trainer: Trainer,
     sampler: MixtureSampler,
+    prepare: _BatchPreparation,
     algorithm: str,
     config: Any,
     spaces: Spaces,
     step: int,
     run_dir: Path,
 ) -> None:
-    extra = {
+    extra: dict[str, Any] = {
         "step": step,
         "sampler_rng": sampler.rng_state(),
     }
     state = {**trainer.state_dict(), "torch_rng": torch.get_rng_state()}
+    if prepare.usage is not None:
+        extra["weight_usage"] = prepare.usage.run_totals
+    if prepare.noiser is not None:
+        state[_STATE_NOISE_RNG] = prepare.noiser.get_state()
     path = save_checkpoint(
         run_dir / "checkpoints" / f"step_{step}.pt",
         algorithm=algorithm,
@@ -271,14 +374,29 @@ def _checkpoint(
     write_bytes_atomic(run_dir / "checkpoint.pt", path.read_bytes())
 
 
-def _resume(trainer: Trainer, sampler: MixtureSampler, path: Path, algorithm: str) -> int:
+_STATE_NOISE_RNG = "state_noise_rng"
+"""Checkpoint state key of the state-noise generator (beside ``torch_rng``, not the learner's)."""
+
+
+def _resume(
+    trainer: Trainer,
+    sampler: MixtureSampler,
+    prepare: _BatchPreparation,
+    path: Path,
+    algorithm: str,
+) -> int:
     checkpoint = load_checkpoint(path)
     if checkpoint.algorithm != algorithm:
         raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint cannot resume {algorithm}")
     state = dict(checkpoint.state)
     torch.set_rng_state(state.pop("torch_rng"))
+    noise_state = state.pop(_STATE_NOISE_RNG, None)
+    if prepare.noiser is not None and noise_state is not None:
+        prepare.noiser.set_state(noise_state)
     trainer.load_state_dict(state)
     sampler.set_rng_state(checkpoint.extra["sampler_rng"])
+    if prepare.usage is not None and "weight_usage" in checkpoint.extra:
+        prepare.usage.run_totals = [float(x) for x in checkpoint.extra["weight_usage"]]
     return int(checkpoint.extra["step"])
 
 
@@ -288,6 +406,6 @@ def load_trainer(path: str | os.PathLike[str], *, device: str | None = None) -> 
     trainer = registry.build(
         checkpoint.algorithm, checkpoint.spaces, checkpoint.config, device=device
     )
-    state = {k: v for k, v in checkpoint.state.items() if k != "torch_rng"}
+    state = {k: v for k, v in checkpoint.state.items() if k not in ("torch_rng", _STATE_NOISE_RNG)}
     trainer.load_state_dict(state)
     return trainer

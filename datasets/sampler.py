@@ -3,6 +3,12 @@
 The sampler reads straight from memory-mapped shards: each batch is one fancy-index gather per
 column, so only the sampled rows are touched and nothing is loaded up front. Batches are numpy
 arrays; the learners' floor (``offaug.algorithms.batch``) converts them for training.
+
+Weights are normalised within each source: the ``n_s`` rows a batch holds from set ``s`` get
+``w_i * n_s / sum_{j in s} w_j`` (:func:`normalise_source`), so a loss averaged as
+``mean(w * l)`` over the batch is ``sum_s (n_s / B) * sum_{i in s} w_i l_i / sum_{i in s} w_i``:
+every source enters with exactly its mixing share, and clipping or a heavy tail changes how a
+source's rows share its weight, never how much weight the source holds.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ class Batch:
     timeouts: npt.NDArray[np.bool_]  # (B,)
     weights: npt.NDArray[np.float32]  # (B,) per-sample loss weights (1 when unweighted)
     set_index: npt.NDArray[np.int8]  # (B,) which of the sampler's sets each row came from
+    rollout_log_prob: npt.NDArray[np.float32] | None = None
+    """(B,) log mu(a|s) of the rollout policy, NaN on rows of sets without the column; only
+    when the sampler was asked for it (``rollout_log_prob=True``)."""
     # (B, *act) the dataset's action at next_observations (see MixtureSampler), when asked for
     next_actions: npt.NDArray[Any] | None = None
 
@@ -51,7 +60,11 @@ class _Pool:
     """The rows of one transition set, possibly spread over several shards."""
 
     def __init__(
-        self, parts: Sequence[Transitions], use_weights: bool, next_actions: bool = False
+        self,
+        parts: Sequence[Transitions],
+        use_weights: bool,
+        log_probs: bool = False,
+        next_actions: bool = False,
     ) -> None:
         self.next_actions = next_actions
         self.parts = [p for p in parts if len(p)]
@@ -59,13 +72,16 @@ class _Pool:
             raise DataError("a transition set to sample from is empty")
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts])
         self.rows = int(self.offsets[-1])
-        has_weights = [p.importance_weight is not None for p in self.parts]
-        if use_weights and not all(has_weights) and any(has_weights):
-            raise DataError(
-                "some shards of a set have importance weights and some do not",
-                field="importance_weight",
-            )
-        self.weighted = use_weights and all(has_weights)
+        self.weighted = use_weights and self._all_or_none("importance_weight")
+        self.log_probs = log_probs
+        self.has_log_probs = log_probs and self._all_or_none("rollout_log_prob")
+
+    def _all_or_none(self, column: str) -> bool:
+        """Whether every part has ``column``; refuses a set where only some parts have it."""
+        present = [getattr(p, column) is not None for p in self.parts]
+        if any(present) and not all(present):
+            raise DataError(f"some shards of a set have {column} and some do not", field=column)
+        return all(present)
 
     def gather(self, index: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]]:
         if len(self.parts) == 1:
@@ -98,6 +114,11 @@ class _Pool:
             out["weights"] = np.take(part.importance_weight, index)
         else:
             out["weights"] = np.ones(len(index), dtype=np.float32)
+        if self.has_log_probs:
+            assert part.rollout_log_prob is not None
+            out["rollout_log_prob"] = np.take(part.rollout_log_prob, index)
+        elif self.log_probs:
+            out["rollout_log_prob"] = np.full(len(index), np.nan, dtype=np.float32)
         return out
 
 
@@ -113,10 +134,13 @@ class MixtureSampler:
     With sets ``[original, augmented]`` and ``mixing=[0.5, 0.5]`` every batch holds half rows
     from each set (largest-remainder rounding), uniformly with replacement inside a set.
     ``use_weights`` reads each set's ``importance_weight`` column into ``Batch.weights``
-    (sets without the column get weight 1). ``next_actions`` also gathers each row's
-    successor action, the dataset's action at ``next_observations`` (ReBRAC's critic penalty):
-    the next row's action inside the same episode; an episode's last row has none recorded and
-    repeats its own (a terminal row is never bootstrapped, so only timeouts see the stand-in).
+    (sets without the column get weight 1), normalised within each source unless
+    ``normalise_weights`` is False (then the stored values, as they are). ``rollout_log_prob``
+    also gathers that column (``Batch.rollout_log_prob``), for weights computed in training.
+    ``next_actions`` also gathers each row's successor action, the dataset's action at
+    ``next_observations`` (ReBRAC's critic penalty): the next row's action inside the same
+    episode; an episode's last row has none recorded and repeats its own (a terminal row is
+    never bootstrapped, so only timeouts see the stand-in).
     """
 
     def __init__(
@@ -126,6 +150,8 @@ class MixtureSampler:
         *,
         mixing: Sequence[float] | None = None,
         use_weights: bool = False,
+        normalise_weights: bool = True,
+        rollout_log_prob: bool = False,
         seed: int = 0,
         verify: bool = True,
         next_actions: bool = False,
@@ -134,7 +160,9 @@ class MixtureSampler:
             raise DataError("must be positive", field=f"batch_size={batch_size}")
         if not sets:
             raise DataError("no transition sets to sample from")
-        self.pools = [_Pool(_as_parts(s, verify), use_weights, next_actions) for s in sets]
+        self.pools = [
+            _Pool(_as_parts(s, verify), use_weights, rollout_log_prob, next_actions) for s in sets
+        ]
         shapes = {tuple(p.parts[0].observations.shape[1:]) for p in self.pools}
         if len(shapes) != 1:
             raise DataError(f"sets have different observation shapes {sorted(shapes)}")
@@ -148,6 +176,7 @@ class MixtureSampler:
             )
         self.batch_size = batch_size
         self.counts = _apportion(ratios / ratios.sum(), batch_size)
+        self.normalise_weights = normalise_weights
         self._rng = np.random.default_rng(seed)
 
     def sample(self) -> Batch:
@@ -159,11 +188,23 @@ class MixtureSampler:
             # Sorted indices walk each memory map forward, which pages in far less often.
             index = np.sort(self._rng.integers(0, pool.rows, size=count))
             data = pool.gather(index)
+            if pool.weighted and self.normalise_weights:
+                data["weights"] = normalise_source(data["weights"])
             data["set_index"] = np.full(count, set_id, dtype=np.int8)
             pieces.append(data)
         if len(pieces) == 1:
             return Batch(**pieces[0])
         return Batch(**{k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]})
+
+    @property
+    def weighted_sets(self) -> list[bool]:
+        """Per set: whether its rows carry importance weights in ``Batch.weights``."""
+        return [pool.weighted for pool in self.pools]
+
+    @property
+    def sets_with_log_probs(self) -> list[bool]:
+        """Per set: whether it has a ``rollout_log_prob`` column (when asked to gather it)."""
+        return [pool.has_log_probs for pool in self.pools]
 
     def rng_state(self) -> dict[str, Any]:
         """The random generator's state (JSON-ready), for exact resumption."""
@@ -172,6 +213,18 @@ class MixtureSampler:
     def set_rng_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`rng_state`."""
         self._rng.bit_generator.state = state
+
+
+def normalise_source(weights: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """One source's rows of a batch rescaled to mean 1: ``w * n / sum(w)``.
+
+    A source whose rows all weigh 0 keeps them at 0 (it contributes nothing to this batch)
+    rather than dividing by zero.
+    """
+    total = float(weights.sum(dtype=np.float64))
+    if total <= 0.0:
+        return np.zeros_like(weights)
+    return weights * np.float32(len(weights) / total)
 
 
 def _apportion(fractions: npt.NDArray[np.float64], total: int) -> list[int]:

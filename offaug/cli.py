@@ -39,6 +39,14 @@ app.command("shard")(cli_data.shard)
 app.command("verify")(cli_data.verify)
 
 
+class WeightingKind(str, Enum):
+    """``offaug train --weighting``: how augmented rows are weighted in the losses."""
+
+    none = "none"
+    behaviour = "behaviour"
+    policy = "policy"
+
+
 @app.command("train")
 def train_command(
     algorithm: Annotated[
@@ -59,7 +67,23 @@ def train_command(
     mixing: Annotated[
         str | None, typer.Option(help="Share of each source per batch, e.g. 0.5,0.5.")
     ] = None,
-    weights: Annotated[bool, typer.Option(help="Weight losses by importance_weight.")] = False,
+    weighting: Annotated[
+        WeightingKind | None,
+        typer.Option(
+            help="Weight augmented rows: none, behaviour (their importance_weight beta_hat/mu) or"
+            " policy (pi/mu from the learner's current policy); normalised within each source.",
+        ),
+    ] = None,
+    weights: Annotated[
+        bool, typer.Option(help="Same as --weighting behaviour (kept for old scripts).")
+    ] = False,
+    state_noise: Annotated[
+        str | None,
+        typer.Option(
+            help="S4RL noise on observations and next observations, KIND:SCALE with KIND"
+            " gaussian or uniform and SCALE in units of each dimension's std, e.g. gaussian:0.003.",
+        ),
+    ] = None,
     eval_every: Annotated[int, typer.Option(help="Steps between evaluations (0: none).")] = 5000,
     eval_episodes: Annotated[int, typer.Option(help="Episodes per evaluation.")] = 5,
     env: Annotated[
@@ -79,13 +103,25 @@ def train_command(
     ] = False,
 ) -> None:
     """Train an offline learner; metrics, evaluations and checkpoints go to OUT."""
-    from offaug.algorithms.registry import ALGORITHMS
+    from offaug.algorithms.registry import ALGORITHMS, policy_weighting_refusal
+    from offaug.algorithms.state_noise import StateNoise
     from offaug.algorithms.train import TrainOptions, train
 
     # Before any data is read: a typo should not cost a dataset load.
     if algorithm not in ALGORITHMS:
         fail(f"unknown algorithm {algorithm!r}; choose from {', '.join(sorted(ALGORITHMS))}")
     overrides = read_mapping(config, "config fields") if config is not None else {}
+    if weights and weighting not in (None, WeightingKind.behaviour):
+        fail(f"--weights means --weighting behaviour; it contradicts --weighting {weighting.value}")
+    chosen = weighting or (WeightingKind.behaviour if weights else WeightingKind.none)
+    if chosen is WeightingKind.policy:
+        refusal = policy_weighting_refusal(algorithm, overrides)
+        if refusal is not None:
+            fail(f"--weighting policy: {refusal}")
+    try:
+        noise = StateNoise.parse(state_noise) if state_noise is not None else None
+    except ValueError as exc:
+        fail(f"--state-noise: {exc}")
     try:
         mixing_values = tuple(float(x) for x in mixing.split(",")) if mixing else None
     except ValueError:
@@ -94,7 +130,8 @@ def train_command(
         steps=steps,
         seed=seed,
         mixing=mixing_values,
-        use_weights=weights,
+        weighting=chosen.value,
+        state_noise=noise,
         log_every=log_every,
         eval_every=eval_every,
         eval_episodes=eval_episodes,

@@ -175,23 +175,32 @@ def train_offline(
     out: str,
     seed: int,
     threads: int | None = None,
+    *,
+    plain: bool | None = None,
 ) -> ModelRef:
-    """Train one learner on the original data, or on original + augmented data."""
-    from offaug.algorithms.train import TrainOptions, train  # imports torch: see the top
+    """Train one learner on the original data, or on original + augmented data.
 
+    A plain run (default: the run without augmented data, the baseline) takes neither weights
+    nor state noise; ``plain=False`` gives the original data alone ``train_config``'s state
+    noise (an S4RL arm without rollouts).
+    """
+    from offaug.algorithms.state_noise import StateNoise  # imports torch: see the top
+    from offaug.algorithms.train import TrainOptions, train
+
+    plain = augmented is None if plain is None else plain
     sources: list[Any] = [data.source]
     mixing = None
-    use_weights = False
     if augmented is not None:
         sources.append(augmented.directory)
         mixing = tuple(train_config.mixing)
-        use_weights = train_config.weighting
+    noise = train_config.state_noise
     steps = train_config.steps
     options = TrainOptions(
         steps=steps,
         seed=seed,
         mixing=mixing,
-        use_weights=use_weights,
+        weighting="none" if plain or augmented is None else train_config.weighting,
+        state_noise=None if plain or noise is None else StateNoise(noise.kind, noise.scale),
         log_every=max(1, steps // 20),
         eval_every=evaluation.every or steps,
         eval_episodes=evaluation.episodes,
@@ -203,7 +212,14 @@ def train_offline(
     config = dict(train_config.configs.get(algorithm, {}))
     final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
     name = f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
-    return _model_ref(name, final / "checkpoint.pt", _last_metrics(final))
+    metrics = _last_metrics(final)
+    metrics["weighting"] = options.weighting
+    # ESS/N of the weights the losses used, over every weighted row of the run.
+    metrics["weight_ess_fraction"] = metrics["train"].get("weight_ess_fraction_run")
+    metrics["state_noise"] = (
+        dataclasses.asdict(options.state_noise) if options.state_noise is not None else None
+    )
+    return _model_ref(name, final / "checkpoint.pt", metrics)
 
 
 def diagnose_policy_stage(

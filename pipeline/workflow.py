@@ -24,6 +24,7 @@ from pydantic import (
     PlainValidator,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -34,6 +35,10 @@ from offaug.pipeline.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, pars
 from offaug.pipeline.rank_metric import RankMetric, parse_rank_metric
 
 Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
+
+Weighting = Literal["none", "behaviour", "policy"]
+"""The choices of ``offaug.algorithms.weighting.Weighting`` (named again here: that module
+imports torch, which this schema must not)."""
 
 
 def _noise_spec(value: Any) -> NoiseSpec:
@@ -203,6 +208,17 @@ class RolloutModel(_Strict):
         return self
 
 
+class StateNoiseModel(_Strict):
+    """S4RL state noise inside the loss (offaug.algorithms.state_noise)."""
+
+    kind: Literal["gaussian", "uniform"] = Field(
+        description="N(0, 1) or U(-1, 1) noise, times scale and each dimension's std."
+    )
+    scale: float = Field(
+        gt=0, description="Noise size in units of each observation dimension's std."
+    )
+
+
 class TrainModel(_Strict):
     """The offline learners trained on original and original + augmented data."""
 
@@ -211,11 +227,27 @@ class TrainModel(_Strict):
     mixing: tuple[float, float] = Field(
         (0.5, 0.5), description="Share of original and augmented rows per batch."
     )
-    weighting: bool = Field(True, description="Weight augmented rows by their importance weights.")
     baseline: bool = Field(True, description="Also train on the original data alone.")
     configs: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Config overrides per learner: fields of its config class, checked here.",
+    )
+    # After algorithms and configs: its check reads them.
+    weighting: Weighting = Field(
+        "behaviour",
+        description=(
+            "How augmented rows are weighted in the losses: none; behaviour (their"
+            " importance_weight beta_hat/mu); policy (pi/mu from each learner's current policy,"
+            " for learners whose policy has a density). Weights are normalised within each"
+            " source, so the mixing ratio is what a batch holds. true/false mean behaviour/none."
+        ),
+    )
+    state_noise: StateNoiseModel | None = Field(
+        None,
+        description=(
+            "S4RL noise on the observations and next observations of every training batch of"
+            " the augmented runs, e.g. {kind: gaussian, scale: 0.003} (omit: off)."
+        ),
     )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Dask resources a training task needs, e.g. {GPU: 1}."
@@ -253,6 +285,33 @@ class TrainModel(_Strict):
             raise PydanticCustomError(
                 LEARNER_CONFIG_ERROR, "{summary}", {"summary": summary, "problems": problems}
             )
+        return value
+
+    @field_validator("weighting", mode="before")
+    @classmethod
+    def _booleans_name_a_weighting(cls, value: Any) -> Any:
+        # Workflows written before there was a choice say true or false.
+        if value is True:
+            return "behaviour"
+        if value is False:
+            return "none"
+        return value
+
+    @field_validator("weighting")
+    @classmethod
+    def _policy_weights_need_a_density(cls, value: Weighting, info: ValidationInfo) -> Weighting:
+        if value != "policy" or "configs" not in info.data:
+            return value  # a broken configs mapping is reported by its own check
+        # Imported here, not at the top: the registry imports torch (see learner_config_problems).
+        from offaug.algorithms.registry import policy_weighting_refusal
+
+        refusals = [
+            refusal
+            for algorithm in info.data.get("algorithms", ())
+            if (refusal := policy_weighting_refusal(algorithm, info.data["configs"].get(algorithm)))
+        ]
+        if refusals:
+            raise ValueError("; ".join(refusals))
         return value
 
     @field_validator("mixing")

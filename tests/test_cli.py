@@ -91,6 +91,42 @@ def test_train_compile_flag_reaches_the_learner(make_test_dataset, tmp_path: Pat
     assert recorded["compiled"] == ["loss"]  # Gaussian BC, the default policy
 
 
+def test_train_refuses_policy_weighting_for_a_learner_without_a_density(
+    minari_root: Path, tmp_path: Path
+) -> None:
+    # Before any data is read: the source does not exist.
+    args = ["train", "bcq", "nowhere/missing-v0", "--out", str(tmp_path)]
+    result = runner.invoke(app, [*args, "--weighting", "policy"])
+    assert result.exit_code == 2
+    assert "--weighting policy" in result.output and "bcq's policy has no density" in result.output
+    contradiction = runner.invoke(app, [*args, "--weights", "--weighting", "none"])
+    assert contradiction.exit_code == 2 and "--weights" in contradiction.output
+    bad_noise = runner.invoke(app, ["train", "cql", "nowhere/missing-v0", "--state-noise", "0.1"])
+    assert bad_noise.exit_code == 2 and "--state-noise" in bad_noise.output
+    assert "KIND:SCALE" in bad_noise.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_train_weights_and_state_noise_reach_the_run(make_test_dataset, tmp_path: Path) -> None:
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    config = tmp_path / "cql.yaml"
+    config.write_text("hidden: [32, 32]\nbatch_size: 32\n")
+    args = ["train", "cql", dataset, "--steps", "4", "--log-every", "2", "--eval-every", "0"]
+    args += ["--config", str(config)]
+    runs = {
+        "weights": ["--weights"],
+        "policy": ["--weighting", "policy", "--state-noise", "uniform:0.01"],
+    }
+    for name, extra in runs.items():
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / name), *extra])
+        assert result.exit_code == 0, result.output
+    options = json.loads((tmp_path / "weights" / "config.json").read_text())["options"]
+    assert options["weighting"] == "behaviour" and options["state_noise"] is None
+    options = json.loads((tmp_path / "policy" / "config.json").read_text())["options"]
+    assert options["weighting"] == "policy"
+    assert options["state_noise"] == {"kind": "uniform", "scale": 0.01}
+
+
 def test_make_dataset_refuses_an_existing_id(minari_root: Path) -> None:
     args = ["make-dataset", "CartPole-v1", "--dataset-id", "cli/twice-v0", "--episodes", "2"]
     assert runner.invoke(app, args).exit_code == 0

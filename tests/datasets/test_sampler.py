@@ -56,11 +56,73 @@ def test_rows_are_uniform_within_a_set() -> None:
 
 def test_weights_come_from_importance_weight_when_asked() -> None:
     sets = [_tagged(50, 0.0), _tagged(50, 1.0, weights=True)]
-    weighted = MixtureSampler(sets, 64, mixing=[0.5, 0.5], use_weights=True).sample()
+    weighted = MixtureSampler(
+        sets, 64, mixing=[0.5, 0.5], use_weights=True, normalise_weights=False
+    ).sample()
     assert set(weighted.weights[weighted.set_index == 0].tolist()) == {1.0}
     assert set(weighted.weights[weighted.set_index == 1].tolist()) == {0.5}
     unweighted = MixtureSampler(sets, 64, mixing=[0.5, 0.5]).sample()
     assert set(unweighted.weights.tolist()) == {1.0}
+
+
+def _heavy_tailed(n: int, tag: float, seed: int) -> Transitions:
+    """A weighted set whose importance weights are log-normal, clipped at 100, some zero."""
+    rng = np.random.default_rng(seed)
+    weights = np.minimum(np.exp(rng.normal(0.0, 2.0, n)), 100.0)
+    weights[rng.random(n) < 0.1] = 0.0
+    data = _tagged(n, tag)
+    return Transitions(**{**data.columns(), "importance_weight": weights.astype(np.float32)})
+
+
+def test_weights_are_normalised_within_each_source() -> None:
+    sets = [_tagged(500, 0.0), _heavy_tailed(500, 1.0, 0), _heavy_tailed(500, 2.0, 1)]
+    sampler = MixtureSampler(sets, 250, mixing=[0.4, 0.4, 0.2], use_weights=True, seed=5)
+    raw = MixtureSampler(
+        sets, 250, mixing=[0.4, 0.4, 0.2], use_weights=True, normalise_weights=False, seed=5
+    )
+    for _ in range(5):
+        batch, stored = sampler.sample(), raw.sample()
+        np.testing.assert_array_equal(batch.rewards, stored.rewards)  # the same rows
+        for set_id, count in enumerate(sampler.counts):
+            rows = batch.set_index == set_id
+            assert rows.sum() == count
+            # Each source's weights sum to its row count: its share of mean(w * l).
+            np.testing.assert_allclose(batch.weights[rows].sum(), count, rtol=1e-5)
+            expected = stored.weights[rows] * count / stored.weights[rows].sum()
+            np.testing.assert_allclose(batch.weights[rows], expected, rtol=1e-6)
+        assert batch.weights.dtype == np.float32
+
+
+def test_a_source_whose_rows_all_weigh_zero_stays_zero() -> None:
+    zero = Transitions(
+        **{**_tagged(20, 1.0).columns(), "importance_weight": np.zeros(20, np.float32)}
+    )
+    batch = MixtureSampler([_tagged(20, 0.0), zero], 10, mixing=[0.5, 0.5], use_weights=True)
+    weights = batch.sample()
+    assert np.isfinite(weights.weights).all()
+    assert set(weights.weights[weights.set_index == 1].tolist()) == {0.0}
+    assert set(weights.weights[weights.set_index == 0].tolist()) == {1.0}
+
+
+def test_rollout_log_prob_is_gathered_with_nan_for_sets_without_it() -> None:
+    original = _tagged(30, 0.0)
+    augmented = Transitions(
+        **{
+            **_tagged(30, 1.0).columns(),
+            "rollout_log_prob": np.arange(30, dtype=np.float32) - 100.0,
+        }
+    )
+    sampler = MixtureSampler([original, augmented], 40, mixing=[0.5, 0.5], rollout_log_prob=True)
+    assert sampler.sets_with_log_probs == [False, True]
+    batch = sampler.sample()
+    assert batch.rollout_log_prob is not None
+    assert np.isnan(batch.rollout_log_prob[batch.set_index == 0]).all()
+    augmented_rows = batch.set_index == 1
+    # Row r of the augmented set has reward r and log-probability r - 100.
+    np.testing.assert_array_equal(
+        batch.rollout_log_prob[augmented_rows], batch.rewards[augmented_rows] - 100.0
+    )
+    assert MixtureSampler([original, augmented], 40).sample().rollout_log_prob is None
 
 
 def test_same_seed_same_batches() -> None:

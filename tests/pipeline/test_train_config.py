@@ -1,0 +1,151 @@
+"""The workflow's train section (weighting, state noise) and the train stage that applies it."""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from offaug.algorithms import weighting
+from offaug.algorithms.train import TrainOptions, train
+from offaug.datasets.shards import file_checksum
+from offaug.pipeline import stages
+from offaug.pipeline.layout import AugmentedRef
+from offaug.pipeline.noise import parse_noise
+from offaug.pipeline.rollout import RolloutConfig
+from offaug.pipeline.rollout_tasks import rollout_to_shard_set
+from offaug.pipeline.workflow import (
+    EvaluationModel,
+    SourceConfig,
+    TrainModel,
+    Weighting,
+    WorkflowError,
+    load_workflow,
+)
+
+
+def _write(tmp_path: Path, train_section: dict[str, Any]) -> Path:
+    path = tmp_path / "workflow.yaml"
+    document = {"name": "w", "source": {"dataset": "a/b-v0"}, "train": train_section}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_the_schema_offers_the_learners_weightings() -> None:
+    assert typing.get_args(Weighting) == typing.get_args(weighting.Weighting)
+
+
+@pytest.mark.parametrize(
+    ("value", "meaning"),
+    [(True, "behaviour"), (False, "none"), ("none", "none"), ("policy", "policy")],
+)
+def test_weighting_takes_a_choice_or_the_old_booleans(
+    value: object, meaning: str, tmp_path: Path
+) -> None:
+    section = {"algorithms": ["cql"], "weighting": value}
+    assert load_workflow(_write(tmp_path, section)).train.weighting == meaning
+
+
+def test_an_unknown_weighting_names_the_choices(tmp_path: Path) -> None:
+    with pytest.raises(WorkflowError) as info:
+        load_workflow(_write(tmp_path, {"weighting": "importance"}))
+    message = str(info.value)
+    assert "train.weighting" in message and "'behaviour'" in message and "'policy'" in message
+
+
+def test_policy_weighting_is_refused_for_learners_without_a_density(tmp_path: Path) -> None:
+    section = {"algorithms": ["cql", "bcq"], "weighting": "policy"}
+    with pytest.raises(WorkflowError) as info:
+        load_workflow(_write(tmp_path, section))
+    message = str(info.value)
+    assert "workflow.yaml:" in message and "train.weighting" in message
+    assert "bcq's policy has no density" in message
+    assert "cql's" not in message
+    deterministic = {
+        "algorithms": ["bc"],
+        "weighting": "policy",
+        "configs": {"bc": {"policy": "deterministic"}},
+    }
+    with pytest.raises(WorkflowError, match="bc's policy has no density with this config"):
+        load_workflow(_write(tmp_path, deterministic))
+    gaussian = {**deterministic, "configs": {"bc": {"policy": "gaussian"}}}
+    assert load_workflow(_write(tmp_path, gaussian)).train.weighting == "policy"
+
+
+def test_state_noise_is_a_kind_and_a_positive_scale(tmp_path: Path) -> None:
+    section = {"state_noise": {"kind": "uniform", "scale": 0.01}}
+    noise = load_workflow(_write(tmp_path, section)).train.state_noise
+    assert noise is not None and (noise.kind, noise.scale) == ("uniform", 0.01)
+    assert load_workflow(_write(tmp_path, {})).train.state_noise is None
+    for bad, field in [
+        ({"kind": "laplace", "scale": 0.1}, "train.state_noise.kind"),
+        ({"kind": "gaussian", "scale": 0}, "train.state_noise.scale"),
+        ({"kind": "gaussian"}, "train.state_noise.scale"),
+    ]:
+        with pytest.raises(WorkflowError, match=field):
+            load_workflow(_write(tmp_path, {"state_noise": bad}))
+
+
+@pytest.fixture(scope="module")
+def augmented(make_test_dataset, tmp_path_factory) -> AugmentedRef:
+    made = make_test_dataset("hopper", "hdf5")
+    root = tmp_path_factory.mktemp("augmented")
+    bc = train(
+        "bc",
+        [made.dataset_id],
+        root / "bc",
+        config={"hidden": (32, 32)},
+        options=TrainOptions(steps=20, eval_every=0, log_every=10, checkpoint_every=20),
+    )
+    config = RolloutConfig(episodes=4, n_envs=2, noise=parse_noise("gaussian:0.2"), seed=0)
+    shard_set = rollout_to_shard_set(made.dataset_id, bc.checkpoint, config, root / "aug").shard_set
+    return AugmentedRef(
+        directory=str(shard_set.directory),
+        rows=shard_set.rows,
+        episodes=shard_set.episodes,
+        shards=len(shard_set.shards),
+        manifest_checksum=file_checksum(shard_set.manifest_path),
+        weight_stats=dict(shard_set.params["weight_stats"]),
+        faults=0,
+    )
+
+
+def test_the_train_stage_passes_weighting_and_state_noise_through(
+    make_test_dataset, augmented: AugmentedRef, tmp_path: Path
+) -> None:
+    data = stages.prepare_source(SourceConfig(dataset=make_test_dataset("hopper").dataset_id))
+    config = TrainModel(
+        algorithms=("cql",),
+        steps=10,
+        weighting="policy",
+        state_noise={"kind": "gaussian", "scale": 0.01},  # type: ignore[arg-type]
+        configs={"cql": {"hidden": [32, 32], "batch_size": 32}},
+    )
+    evaluation = EvaluationModel(episodes=1)
+    model = stages.train_offline(
+        "cql", data, augmented, config, evaluation, str(tmp_path / "aug"), seed=0
+    )
+    options = json.loads((tmp_path / "aug" / "config.json").read_text())["options"]
+    assert options["weighting"] == "policy"
+    assert options["state_noise"] == {"kind": "gaussian", "scale": 0.01}
+    assert model.metrics["weighting"] == "policy"
+    assert 0 < model.metrics["weight_ess_fraction"] <= 1
+    assert model.metrics["state_noise"] == {"kind": "gaussian", "scale": 0.01}
+    # The baseline on the original data stays plain: no weights, no noise.
+    baseline = stages.train_offline(
+        "cql", data, None, config, evaluation, str(tmp_path / "plain"), seed=0
+    )
+    options = json.loads((tmp_path / "plain" / "config.json").read_text())["options"]
+    assert options["weighting"] == "none" and options["state_noise"] is None
+    assert baseline.metrics["weight_ess_fraction"] is None
+    # An S4RL arm without rollouts: the original data with state noise.
+    stages.train_offline(
+        "cql", data, None, config, evaluation, str(tmp_path / "s4rl"), seed=0, plain=False
+    )
+    options = json.loads((tmp_path / "s4rl" / "config.json").read_text())["options"]
+    assert options["state_noise"] == {"kind": "gaussian", "scale": 0.01}
+    assert options["weighting"] == "none"
