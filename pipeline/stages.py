@@ -11,6 +11,7 @@ are imported inside the stages that use them, and this module's header holds non
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import uuid
