@@ -40,9 +40,10 @@ from distributed import Client
 from offaug.pipeline import stages
 from offaug.pipeline.clusters import connect
 from offaug.pipeline.layout import RunLayout
+from offaug.pipeline.plan import plan_workflow
 from offaug.pipeline.rundir import StageRecords, append_log, write_workflow
 from offaug.pipeline.runlock import LockHolder, RunDirectoryLocked, RunLock, describe_takeover
-from offaug.pipeline.scheduler import EventCallback, Ref, RefList, StageFailed, StageScheduler
+from offaug.pipeline.scheduler import EventCallback, RefList, StageFailed, StageScheduler
 from offaug.pipeline.workers import WorkerSetup
 from offaug.pipeline.workflow import Workflow
 
@@ -170,151 +171,19 @@ def _check_resources(client: Client, workflow: Workflow) -> None:
 
 
 def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads: int) -> list[str]:
-    """Add every stage of the workflow to the graph; return the stage names in order."""
-    seed = workflow.seed
-    graph.stage("source", stages.prepare_source, workflow.source, [], workflow.source)
-    train = workflow.train
-    model_names: list[str] = []
-
-    def add_training(algorithm: str, label: str) -> None:
-        name = f"train:{algorithm}-{label}"
-        augmented = Ref("rollout") if label == "augmented" else None
-        inputs = ["source"] + (["rollout"] if augmented is not None else [])
-        config = {"train": train, "evaluation": workflow.evaluation, "algorithm": algorithm}
-        out = str(layout.model(f"{algorithm}-{label}"))
-        resources = dict(train.resources) or None
+    """Add every stage of the workflow to the graph (:func:`plan_workflow`, then the report);
+    return the stage names in order."""
+    plan = plan_workflow(workflow, layout, threads)
+    for spec in plan.stages.values():
         graph.stage(
-            name,
-            stages.train_offline,
-            config,
-            inputs,
-            algorithm,
-            Ref("source"),
-            augmented,
-            train,
-            workflow.evaluation,
-            out,
-            seed,
-            threads,
-            resources=resources,
+            spec.name,
+            spec.function,
+            spec.config,
+            spec.inputs,
+            *spec.args,
+            resources=spec.resources,
         )
-        model_names.append(name)
-
-    # Baselines on the original data need neither BC nor rollouts: they start at once.
-    if train.baseline:
-        for algorithm in train.algorithms:
-            add_training(algorithm, "original")
-    graph.stage(
-        "bc",
-        stages.train_bc,
-        workflow.bc,
-        ["source"],
-        Ref("source"),
-        workflow.bc,
-        str(layout.model("bc")),
-        seed,
-    )
-    rollout = workflow.rollout
-    augmented_dir = str(layout.augmented)
-    task_names = [f"rollout:{i}" for i in range(rollout.tasks)]
-    if rollout.backend == "model":
-        graph.stage(
-            "dynamics",
-            stages.train_dynamics_stage,
-            rollout.dynamics,
-            ["source"],
-            Ref("source"),
-            rollout,
-            str(layout.models / "dynamics.pt"),
-            seed,
-        )
-    for index, name in enumerate(task_names):
-        if rollout.backend == "simulator":
-            graph.stage(
-                name,
-                stages.rollout_shard,
-                {"rollout": rollout, "index": index},
-                ["source", "bc"],
-                Ref("source"),
-                Ref("bc"),
-                rollout,
-                augmented_dir,
-                seed,
-                index,
-            )
-        else:
-            shard = str(Path(augmented_dir) / f"shard-{index:05d}.arrow")
-            graph.stage(
-                name,
-                stages.model_rollout_task,
-                {"rollout": rollout, "index": index},
-                ["source", "bc", "dynamics"],
-                Ref("source"),
-                Ref("bc"),
-                Ref("dynamics"),
-                rollout,
-                shard,
-                index,
-                seed,
-            )
-    graph.stage(
-        "rollout",
-        stages.merge_rollouts,
-        {"rollout": rollout},
-        task_names,
-        RefList(tuple(task_names)),
-        augmented_dir,
-        rollout,
-    )
-    for algorithm in train.algorithms:
-        add_training(algorithm, "augmented")
-    names = ["source", "bc", *task_names, "rollout", *model_names]
-    if workflow.diagnostics.enabled:
-        # Each trained policy's checks start as soon as it is trained; the merge is short.
-        parts = [f"diagnose:{name.removeprefix('train:')}" for name in model_names]
-        for index, (part, model) in enumerate(zip(parts, model_names, strict=True)):
-            graph.stage(
-                part,
-                stages.diagnose_policy_stage,
-                {"diagnostics": workflow.diagnostics, "index": index},
-                ["source", "bc", model],
-                Ref("source"),
-                Ref("bc"),
-                Ref(model),
-                workflow.diagnostics,
-                seed,
-                index,
-            )
-        diag_out = str(layout.root / "diagnostics.json")
-        inputs = ["source", "rollout", "bc", *model_names, *parts]
-        graph.stage(
-            "diagnose",
-            stages.diagnose_stage,
-            workflow.diagnostics,
-            inputs,
-            Ref("source"),
-            Ref("rollout"),
-            Ref("bc"),
-            RefList(tuple(model_names)),
-            workflow.diagnostics,
-            diag_out,
-            seed,
-            RefList(tuple(parts)),
-        )
-        names.extend([*parts, "diagnose"])
-    if workflow.publish is not None:
-        provenance = {"workflow": workflow.name, "workflow_hash": workflow.digest()}
-        graph.stage(
-            "publish",
-            stages.publish_stage,
-            workflow.publish,
-            ["source", "rollout"],
-            Ref("source"),
-            Ref("rollout"),
-            workflow.publish,
-            provenance,
-        )
-        names.append("publish")
+    names = plan.names
     # metrics.json and report.html: a stage like the others (a worker renders the plots while
     # the client only waits), rerun when any result or the workflow changes.
     graph.stage(
@@ -327,6 +196,7 @@ def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads
         RefList(tuple(names)),
         str(layout.metrics),
         str(layout.report),
+        plan.index,
     )
     names.append("report")
     return names
