@@ -17,6 +17,7 @@ from offaug.datasets.atomic import atomic_path
 from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
 from offaug.pipeline.report.plots import Plot, render_plots
+from offaug.pipeline.report.verdict import VERDICT_CSS, verdict_html
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
@@ -308,6 +309,7 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
     head_rows = [[html.escape(label), html.escape(value)] for label, value in headline(metrics)]
     timings = diagnostics.get("timings") or {}
     sections = [
+        ("Does augmentation help?", verdict_html(metrics)),
         ("Headline", _table(None, head_rows, "headline") if head_rows else _missing("—")),
         ("Scores", _scores_html(metrics.get("training") or {})),
         ("Importance weights", _weights_html(diagnostics.get("weights"), plots)),
@@ -326,7 +328,7 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
         body += ".</p>"
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}{VERDICT_CSS}</style></head>"
         f"<body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
     )
 
