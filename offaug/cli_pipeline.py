@@ -149,8 +149,10 @@ def report(
     from offaug.pipeline.rundir import read_metrics
 
     path = guard(lambda: report_run(run_dir))
-    print_headline(read_metrics(run_dir), str(run_dir))
+    metrics = read_metrics(run_dir)
+    print_headline(metrics, str(run_dir))
     console.print(f"report: {path}")
+    print_verdict(metrics)
 
 
 def print_summary(run_dir: Path) -> None:

@@ -10,6 +10,7 @@ report renders (typed in :mod:`offaug.pipeline.report.schema`). The verdict is
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
@@ -184,6 +185,17 @@ def data_score(source: DatasetRef | None, diagnostics: Mapping[str, Any] | None)
     return 100.0 * (float(mean_return) - scores[0]) / (scores[1] - scores[0])
 
 
+_Figure = Literal[
+    "augmented_reward_per_step",
+    "original_reward_per_step",
+    "ess_fraction",
+    "ood_share",
+    "rollout_policy_score",
+]
+_FIGURES: tuple[_Figure, ...] = typing.get_args(_Figure)
+"""The figures of a recipe's summary that the verdict reads."""
+
+
 def verdict_diagnostics(
     summaries: Mapping[str, RecipeSummary], data: float | None
 ) -> dict[str, RecipeDiagnostics]:
@@ -191,15 +203,12 @@ def verdict_diagnostics(
     out: dict[str, RecipeDiagnostics] = {}
     for name, summary in summaries.items():
         entry = RecipeDiagnostics(weighting=summary.get("weighting", "none"))
-        figures = {
-            "augmented_reward_per_step": summary.get("augmented_reward_per_step"),
-            "original_reward_per_step": summary.get("original_reward_per_step"),
-            "ess_fraction": summary.get("ess_fraction"),
-            "ood_share": summary.get("ood_share"),
-            "rollout_policy_score": summary.get("rollout_policy_score"),
-            "data_score": data,
-        }
-        entry.update({k: float(v) for k, v in figures.items() if v is not None})
+        for key in _FIGURES:
+            value = summary.get(key)
+            if value is not None:
+                entry[key] = float(value)
+        if data is not None:
+            entry["data_score"] = data
         out[name] = entry
     return out
 

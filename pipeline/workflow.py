@@ -252,7 +252,12 @@ def _lists_as_tuples(value: Any) -> Any:
 class EvaluationModel(_Strict):
     """Evaluation of trained policies in the environment."""
 
-    episodes: int = Field(5, gt=0, description="Episodes per evaluation.")
+    episodes: int = Field(
+        10,
+        gt=0,
+        description="Episodes per evaluation of each trained policy (reset seeds from its training"
+        " seed only, so every recipe of a seed is evaluated from the same starts).",
+    )
     every: int = Field(
         0, ge=0, description="Evaluate every N training steps too (0: only at the end)."
     )
