@@ -23,6 +23,7 @@ has the name of the first recipe that asked for it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Sequence
@@ -67,8 +68,9 @@ class Plan:
 
     def add(self, spec: StageSpec) -> str:
         """Plan ``spec`` unless a stage of the same identity is planned; return the name used."""
+        function = getattr(spec.function, "func", spec.function)  # a partial's function
         identity = stage_key(
-            f"{spec.function.__module__}.{spec.function.__qualname__}",
+            f"{function.__module__}.{function.__qualname__}",
             to_json(spec.config),
             [self.identities[i] for i in spec.inputs],
         )
@@ -115,18 +117,36 @@ class _Planner:
         return self.plan.add(StageSpec("source", stages.prepare_source, source, (), (source,)))
 
     def train(
-        self, train: TrainModel, algorithm: str, recipe: str, seed: int, augmented: str | None
+        self,
+        train: TrainModel,
+        algorithm: str,
+        recipe: str,
+        seed: int,
+        augmented: str | None,
+        *,
+        plain: bool = True,
     ) -> str:
         """One (recipe, learner, seed) run on the original data (``augmented`` None) or on
-        original + augmented data; recorded in the run index under its recipe."""
+        original + augmented data; recorded in the run index under its recipe. A recipe without
+        rollouts trains on the original data with its augmentation inside the loss
+        (``plain=False``)."""
         label = f"{algorithm}-{recipe}{self.suffix(seed)}"
         evaluation = self.workflow.evaluation
-        config = {"train": train, "evaluation": evaluation, "algorithm": algorithm, "seed": seed}
+        config: dict[str, Any] = {
+            "train": train,
+            "evaluation": evaluation,
+            "algorithm": algorithm,
+            "seed": seed,
+        }
+        function: Callable[..., Any] = stages.train_offline
+        if augmented is None and not plain:
+            config["plain"] = False
+            function = functools.partial(stages.train_offline, plain=False)
         inputs = ("source",) if augmented is None else ("source", augmented)
         name = self.plan.add(
             StageSpec(
                 f"train:{label}",
-                stages.train_offline,
+                function,
                 config,
                 inputs,
                 (
@@ -155,7 +175,7 @@ class _Planner:
         made (a trainer of several seeds at once would make one stage per learner here)."""
         for algorithm in recipe.train.algorithms:
             for seed, rollout in rollouts.items():
-                self.train(recipe.train, algorithm, recipe.name, seed, rollout)
+                self.train(recipe.train, algorithm, recipe.name, seed, rollout, plain=False)
 
     def bc(self, recipe: Recipe, seed: int) -> str:
         own = recipe.bc == self.workflow.bc

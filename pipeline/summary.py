@@ -170,8 +170,13 @@ def recipe_summaries(
     return summaries
 
 
-def data_score(source: DatasetRef | None, diagnostics: Mapping[str, Any] | None) -> float | None:
-    """The normalised score of the data's own episodes (their mean return), when it has one."""
+def data_score(
+    source: DatasetRef | None, diagnostics: Mapping[str, Any] | None, bc: Any = None
+) -> float | None:
+    """The normalised score of the data's own episodes: as the BC stage records it
+    (``metrics["data"]``), else from the diagnostics' mean return and the reference scores."""
+    if isinstance(bc, ModelRef) and _dig(bc.metrics, "data", "normalised_score") is not None:
+        return float(bc.metrics["data"]["normalised_score"])
     mean_return = _dig(diagnostics, "data", "original", "return", "mean")
     if source is None or mean_return is None:
         return None
@@ -214,10 +219,10 @@ def verdict_diagnostics(
 
 
 def _primary(
-    results: Mapping[str, Any], index: RunIndex, kind: Literal["rollout", "diagnose"]
+    results: Mapping[str, Any], index: RunIndex, kind: Literal["bc", "rollout", "diagnose"]
 ) -> Any:
-    """The default stage's result of ``kind`` (``rollout``, ``diagnose``), else the first
-    recipe's of the first seed that has one."""
+    """The default stage's result of ``kind`` (``bc``, ``rollout``, ``diagnose``), else the
+    first recipe's of the first seed that has one."""
     if kind in results:
         return results[kind]
     for stages in index["recipes"].values():
@@ -235,7 +240,7 @@ def summarise(workflow: Workflow, results: dict[str, Any], index: RunIndex) -> d
     source = source if isinstance(source, DatasetRef) else None
     summaries = recipe_summaries(results, index, training)
     runs, score = run_scores(training)
-    data = data_score(source, diagnostics)
+    data = data_score(source, diagnostics, _primary(results, index, "bc"))
     verdicts = judge(runs, verdict_diagnostics(summaries, data))
     metrics: dict[str, Any] = {
         "workflow": workflow.name,
