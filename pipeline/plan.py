@@ -140,8 +140,10 @@ class _Planner:
         }
         function: Callable[..., Any] = stages.train_offline
         if augmented is None and not plain:
+            # Only a recipe of rollout backend 'none' gets here: the train stage's keyword that
+            # turns on its train-level augmentation (state noise) without augmented data.
             config["plain"] = False
-            function = functools.partial(stages.train_offline, plain=False)
+            function = functools.partial(function, plain=False)
         inputs = ("source",) if augmented is None else ("source", augmented)
         name = self.plan.add(
             StageSpec(
