@@ -80,6 +80,9 @@ def run(
         f"{len(result.executed)} stage(s) run, {len(result.skipped)} up to date; wall "
         f"{result.wall_seconds:.1f} s, stage compute {compute:.1f} s; results in {result.run_dir}"
     )
+    from offaug.pipeline.rundir import read_metrics  # after the lock: see above
+
+    print_verdict(read_metrics(result.run_dir))
 
 
 def _run_with_progress(
@@ -146,38 +149,20 @@ def report(
     from offaug.pipeline.rundir import read_metrics
 
     path = guard(lambda: report_run(run_dir))
-    print_headline(read_metrics(run_dir), str(run_dir))
+    metrics = read_metrics(run_dir)
+    print_headline(metrics, str(run_dir))
     console.print(f"report: {path}")
+    print_verdict(metrics)
 
 
 def print_summary(run_dir: Path) -> None:
-    """The scores of each learner on original and augmented data, and the weights' health."""
+    """Each learner's scores per recipe and the weights' health."""
     from offaug.pipeline.rundir import read_metrics
 
     metrics = read_metrics(run_dir)
     if not metrics:
         return
-    table = Table(title="scores (normalised; return in brackets)")
-    table.add_column("learner")
-    table.add_column("original")
-    table.add_column("original + augmented")
-    training = metrics.get("training", {})
-    learners = sorted({name.rsplit("-", 1)[0] for name in training})
-
-    def cell(entry: dict[str, Any] | None) -> str:
-        if not entry or entry.get("return") is None:
-            return "-"
-        score = entry.get("normalised_score")
-        text = f"{score:.1f}" if score is not None else "n/a"
-        return f"{text} ({entry['return']:.1f})"
-
-    for learner in learners:
-        table.add_row(
-            learner,
-            cell(training.get(f"{learner}-original")),
-            cell(training.get(f"{learner}-augmented")),
-        )
-    console.print(table)
+    console.print(_scores_table(metrics.get("training", {})))
     weights = metrics.get("weights") or {}
     if weights:
         console.print(
@@ -186,6 +171,38 @@ def print_summary(run_dir: Path) -> None:
         )
     if metrics.get("diagnostics"):
         print_headline(metrics, "distribution shift")
+
+
+def _scores_table(training: dict[str, Any]) -> Table:
+    """Learner by recipe (plain first), each cell every seed's score."""
+    cells: dict[str, dict[str, list[str]]] = {}
+    recipes: list[str] = ["original"]
+    for name, entry in training.items():
+        learner = entry.get("learner") or name.rsplit("-", 1)[0]
+        recipe = entry.get("recipe") or name.rsplit("-", 1)[-1]
+        if recipe not in recipes:
+            recipes.append(recipe)
+        if entry.get("return") is None:
+            text = "-"
+        else:
+            score = entry.get("normalised_score")
+            text = f"{score:.1f}" if score is not None else "n/a"
+            text = f"{text} ({entry['return']:.1f})"
+        cells.setdefault(learner, {}).setdefault(recipe, []).append(text)
+    table = Table(title="scores (normalised; return in brackets; one per seed)")
+    table.add_column("learner")
+    for recipe in recipes:
+        table.add_column("original" if recipe == "original" else f"original + {recipe}")
+    for learner, row in cells.items():
+        table.add_row(learner, *[", ".join(row.get(recipe, ["-"])) for recipe in recipes])
+    return table
+
+
+def print_verdict(metrics: dict[str, Any]) -> None:
+    """The verdict's headline (does augmentation help, per learner, with its interval)."""
+    line = metrics.get("verdict_headline")
+    if line:
+        console.print(f"[bold]verdict:[/] {line}", highlight=False)
 
 
 def print_headline(metrics: dict[str, Any], title: str) -> None:

@@ -40,6 +40,7 @@ from distributed import Client
 from offaug.pipeline import media_stages, stages
 from offaug.pipeline.clusters import connect
 from offaug.pipeline.layout import RunLayout
+from offaug.pipeline.plan import plan_workflow
 from offaug.pipeline.rundir import StageRecords, append_log, write_workflow
 from offaug.pipeline.runlock import LockHolder, RunDirectoryLocked, RunLock, describe_takeover
 from offaug.pipeline.scheduler import EventCallback, Ref, RefList, StageFailed, StageScheduler
@@ -170,152 +171,32 @@ def _check_resources(client: Client, workflow: Workflow) -> None:
 
 
 def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads: int) -> list[str]:
-    """Add every stage of the workflow to the graph; return the stage names in order."""
-    seed = workflow.seed
-    graph.stage("source", stages.prepare_source, workflow.source, [], workflow.source)
-    train = workflow.train
-    model_names: list[str] = []
-
-    def add_training(algorithm: str, label: str) -> None:
-        name = f"train:{algorithm}-{label}"
-        augmented = Ref("rollout") if label == "augmented" else None
-        inputs = ["source"] + (["rollout"] if augmented is not None else [])
-        config = {"train": train, "evaluation": workflow.evaluation, "algorithm": algorithm}
-        out = str(layout.model(f"{algorithm}-{label}"))
-        resources = dict(train.resources) or None
+    """Add every stage of the workflow to the graph (:func:`plan_workflow`, then the report);
+    return the stage names in order."""
+    plan = plan_workflow(workflow, layout, threads)
+    for spec in plan.stages.values():
         graph.stage(
-            name,
-            stages.train_offline,
-            config,
-            inputs,
-            algorithm,
-            Ref("source"),
-            augmented,
-            train,
-            workflow.evaluation,
-            out,
-            seed,
-            threads,
-            resources=resources,
+            spec.name,
+            spec.function,
+            spec.config,
+            spec.inputs,
+            *spec.args,
+            resources=spec.resources,
         )
-        model_names.append(name)
-
-    # Baselines on the original data need neither BC nor rollouts: they start at once.
-    if train.baseline:
-        for algorithm in train.algorithms:
-            add_training(algorithm, "original")
-    graph.stage(
-        "bc",
-        stages.train_bc,
-        workflow.bc,
-        ["source"],
-        Ref("source"),
-        workflow.bc,
-        str(layout.model("bc")),
-        seed,
+    names = plan.names
+    # Videos and the dataset doctor for the primary seed's runs and first augmented set.
+    primary = str(plan.index["primary_seed"])
+    models = [r["stage"] for r in plan.index["runs"] if str(r["seed"]) == primary]
+    rollouts = [
+        stages_by_seed[primary]
+        for stages_by_seed in (r["rollout"] for r in plan.index["recipes"].values())
+        if primary in stages_by_seed
+    ]
+    names.extend(
+        _add_media(
+            graph, workflow, list(dict.fromkeys(models)), rollouts[0] if rollouts else None, layout
+        )
     )
-    rollout = workflow.rollout
-    augmented_dir = str(layout.augmented)
-    task_names = [f"rollout:{i}" for i in range(rollout.tasks)]
-    if rollout.backend == "model":
-        graph.stage(
-            "dynamics",
-            stages.train_dynamics_stage,
-            rollout.dynamics,
-            ["source"],
-            Ref("source"),
-            rollout,
-            str(layout.models / "dynamics.pt"),
-            seed,
-        )
-    for index, name in enumerate(task_names):
-        if rollout.backend == "simulator":
-            graph.stage(
-                name,
-                stages.rollout_shard,
-                {"rollout": rollout, "index": index},
-                ["source", "bc"],
-                Ref("source"),
-                Ref("bc"),
-                rollout,
-                augmented_dir,
-                seed,
-                index,
-            )
-        else:
-            shard = str(Path(augmented_dir) / f"shard-{index:05d}.arrow")
-            graph.stage(
-                name,
-                stages.model_rollout_task,
-                {"rollout": rollout, "index": index},
-                ["source", "bc", "dynamics"],
-                Ref("source"),
-                Ref("bc"),
-                Ref("dynamics"),
-                rollout,
-                shard,
-                index,
-                seed,
-            )
-    graph.stage(
-        "rollout",
-        stages.merge_rollouts,
-        {"rollout": rollout},
-        task_names,
-        RefList(tuple(task_names)),
-        augmented_dir,
-        rollout,
-    )
-    for algorithm in train.algorithms:
-        add_training(algorithm, "augmented")
-    names = ["source", "bc", *task_names, "rollout", *model_names]
-    if workflow.diagnostics.enabled:
-        # Each trained policy's checks start as soon as it is trained; the merge is short.
-        parts = [f"diagnose:{name.removeprefix('train:')}" for name in model_names]
-        for index, (part, model) in enumerate(zip(parts, model_names, strict=True)):
-            graph.stage(
-                part,
-                stages.diagnose_policy_stage,
-                {"diagnostics": workflow.diagnostics, "index": index},
-                ["source", "bc", model],
-                Ref("source"),
-                Ref("bc"),
-                Ref(model),
-                workflow.diagnostics,
-                seed,
-                index,
-            )
-        diag_out = str(layout.root / "diagnostics.json")
-        inputs = ["source", "rollout", "bc", *model_names, *parts]
-        graph.stage(
-            "diagnose",
-            stages.diagnose_stage,
-            workflow.diagnostics,
-            inputs,
-            Ref("source"),
-            Ref("rollout"),
-            Ref("bc"),
-            RefList(tuple(model_names)),
-            workflow.diagnostics,
-            diag_out,
-            seed,
-            RefList(tuple(parts)),
-        )
-        names.extend([*parts, "diagnose"])
-    names.extend(_add_media(graph, workflow, layout, model_names))
-    if workflow.publish is not None:
-        provenance = {"workflow": workflow.name, "workflow_hash": workflow.digest()}
-        graph.stage(
-            "publish",
-            stages.publish_stage,
-            workflow.publish,
-            ["source", "rollout"],
-            Ref("source"),
-            Ref("rollout"),
-            workflow.publish,
-            provenance,
-        )
-        names.append("publish")
     # metrics.json and report.html: a stage like the others (a worker renders the plots while
     # the client only waits), rerun when any result or the workflow changes.
     graph.stage(
@@ -328,13 +209,18 @@ def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads
         RefList(tuple(names)),
         str(layout.metrics),
         str(layout.report),
+        plan.index,
     )
     names.append("report")
     return names
 
 
 def _add_media(
-    graph: StageScheduler, workflow: Workflow, layout: RunLayout, model_names: list[str]
+    graph: StageScheduler,
+    workflow: Workflow,
+    model_names: list[str],
+    rollout: str | None,
+    layout: RunLayout,
 ) -> list[str]:
     """The report's videos (one stage per trained policy, one for the data) and the dataset
     doctor, each on a worker as soon as its inputs are done; return their stage names."""
@@ -360,9 +246,9 @@ def _add_media(
             media_stages.DATA_VIDEO_STAGE,
             media_stages.render_data_stage,
             {"report": report, "seed": workflow.seed},
-            ["source", "rollout"],
+            ["source", *([rollout] if rollout else [])],
             Ref("source"),
-            Ref("rollout"),
+            Ref(rollout) if rollout else None,
             report,
             videos,
             workflow.seed,
@@ -374,9 +260,9 @@ def _add_media(
             media_stages.DOCTOR_STAGE,
             media_stages.doctor_stage,
             {"gamma": gamma, "rollout": workflow.rollout},
-            ["source", "rollout"],
+            ["source", *([rollout] if rollout else [])],
             Ref("source"),
-            Ref("rollout"),
+            Ref(rollout) if rollout else None,
             gamma,
             workflow,
         )

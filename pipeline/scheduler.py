@@ -10,6 +10,7 @@ resumes from what had finished.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -109,9 +110,9 @@ class StageScheduler:
         self.keys[name] = key
         self.inputs[name] = list(inputs)
         rerun_upstream = any(i in self.planned for i in inputs)
-        forced = any(
-            name == f or name.startswith(f"{f}:") or name.split(":")[0] == f for f in self.forced
-        )
+        # A name or its family: "rollout" forces rollout:0, rollout[RECIPE]@s1, ...
+        family = re.split(r"[:\[@]", name, maxsplit=1)[0]
+        forced = any(name == f or name.startswith(f"{f}:") or family == f for f in self.forced)
         if not forced and not rerun_upstream:
             cached = self.records.cached(name, key)
             if cached is not None:

@@ -29,7 +29,6 @@ from offaug.datasets.sources import cache_key, load_transitions, resolve_source
 from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
 from offaug.pipeline.env_state import load_with_states
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
-from offaug.pipeline.media_stages import media_metrics
 
 # The rollout stages live in their own module; the graph wires them from here.
 from offaug.pipeline.rollout_stages import merge_rollouts as merge_rollouts
@@ -37,6 +36,7 @@ from offaug.pipeline.rollout_stages import model_rollout_task as model_rollout_t
 from offaug.pipeline.rollout_stages import rollout_shard as rollout_shard
 from offaug.pipeline.rollout_stages import rollout_tasks as rollout_tasks
 from offaug.pipeline.rollout_stages import train_dynamics_stage as train_dynamics_stage
+from offaug.pipeline.summary import RunIndex, summarise
 from offaug.pipeline.workflow import (
     BCConfigModel,
     DiagnosticsModel,
@@ -281,53 +281,17 @@ def publish_stage(
     }
 
 
-def summarise(workflow: Workflow, results: dict[str, Any]) -> dict[str, Any]:
-    """metrics.json: scores per learner and data, weight statistics, diagnostics."""
-    training: dict[str, Any] = {}
-    for name, result in results.items():
-        if name.startswith("train:") and isinstance(result, ModelRef):
-            evaluation = result.metrics.get("eval") or {}
-            training[name.removeprefix("train:")] = {
-                "return": evaluation.get("return"),
-                "normalised_score": evaluation.get("normalised_score"),
-                "checkpoint": result.path,
-            }
-    augmented = results.get("rollout")
-    source = results.get("source")
-    metrics: dict[str, Any] = {
-        "workflow": workflow.name,
-        "workflow_hash": workflow.digest(),
-        "source": {"dataset": source.source, "rows": source.rows, "episodes": source.episodes}
-        if isinstance(source, DatasetRef)
-        else None,
-        "augmented": {
-            "rows": augmented.rows,
-            "episodes": augmented.episodes,
-            "shards": augmented.shards,
-            "faults": augmented.faults,
-        }
-        if isinstance(augmented, AugmentedRef)
-        else None,
-        "weights": augmented.weight_stats if isinstance(augmented, AugmentedRef) else None,
-        "training": training,
-    }
-    if "diagnose" in results:
-        metrics["diagnostics"] = results["diagnose"]
-    if "publish" in results:
-        metrics["publish"] = results["publish"]
-    metrics.update(media_metrics(results, workflow.report))
-    return metrics
-
-
 def report_stage(
     workflow: Workflow,
     names: tuple[str, ...],
     results: list[Any],
     metrics_path: str,
     report_path: str,
+    index: RunIndex,
 ) -> dict[str, Any]:
-    """Write ``metrics.json`` (see :func:`summarise`) and ``report.html`` from every result."""
-    metrics = summarise(workflow, dict(zip(names, results, strict=True)))
+    """Write ``metrics.json`` (:func:`offaug.pipeline.summary.summarise`) and ``report.html``
+    from every result; ``index`` says which stage holds which run."""
+    metrics = summarise(workflow, dict(zip(names, results, strict=True)), index)
     write_json_atomic(Path(metrics_path), metrics)
     paths = [metrics_path]
     try:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-from offaug.pipeline.statistics import Comparison, compare
+if TYPE_CHECKING:
+    from offaug.pipeline.statistics import Comparison
 
 Outcome = Literal["helps", "hurts", "inconclusive"]
 
@@ -64,9 +65,13 @@ class ArmVerdict(TypedDict):
     recipe: str
     outcome: Outcome
     iqm: float
+    iqm_interval: list[float]
+    """95 % stratified bootstrap interval of the arm's IQM."""
     plain_iqm: float
+    plain_iqm_interval: list[float]
     difference: float
     interval: list[float]
+    """95 % interval of the IQM difference (arm minus plain)."""
     probability_of_improvement: float
     seeds: list[int]
     sentence: str
@@ -140,6 +145,10 @@ def judge_arm(
     seeds = sorted(set(plain) & set(arm))
     if not seeds:
         raise ValueError(f"{learner}/{recipe}: no training seed shared with the plain runs")
+    # rliable brings arch, pandas and scipy (seconds to import): imported where the verdict is
+    # made, so that the workflow schema, which names the plain recipe, stays light.
+    from offaug.pipeline.statistics import compare
+
     result = compare([plain[s] for s in seeds], [arm[s] for s in seeds])
     outcome: Outcome = "inconclusive"
     if len(seeds) >= _MIN_SEEDS and result.difference.low > 0:
@@ -152,7 +161,9 @@ def judge_arm(
         recipe=recipe,
         outcome=outcome,
         iqm=result.arm.value,
+        iqm_interval=[result.arm.low, result.arm.high],
         plain_iqm=result.baseline.value,
+        plain_iqm_interval=[result.baseline.low, result.baseline.high],
         difference=result.difference.value,
         interval=[result.difference.low, result.difference.high],
         probability_of_improvement=result.probability_of_improvement,

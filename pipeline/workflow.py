@@ -31,8 +31,18 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from offaug.pipeline.arms import (
+    AUGMENTING_TRAIN_FIELDS,
+    DEFAULT_RECIPE,
+    Recipe,
+    resolve_recipes,
+)
 from offaug.pipeline.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
 from offaug.pipeline.rank_metric import RankMetric, parse_rank_metric
+from offaug.pipeline.validation import Problem, line_of, nested_problems, problems
+from offaug.pipeline.validation import (
+    WorkflowError as WorkflowError,  # raised by load_workflow: its callers import it from here
+)
 
 Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
 
@@ -365,7 +375,12 @@ def _lists_as_tuples(value: Any) -> Any:
 class EvaluationModel(_Strict):
     """Evaluation of trained policies in the environment."""
 
-    episodes: int = Field(5, gt=0, description="Episodes per evaluation.")
+    episodes: int = Field(
+        10,
+        gt=0,
+        description="Episodes per evaluation of each trained policy (reset seeds from its training"
+        " seed only, so every recipe of a seed is evaluated from the same starts).",
+    )
     every: int = Field(
         0, ge=0, description="Evaluate every N training steps too (0: only at the end)."
     )
@@ -404,6 +419,11 @@ class DiagnosticsModel(_Strict):
     def rank_weights(self) -> RankMetric | None:
         """``rank_metric`` parsed (None when unset)."""
         return None if self.rank_metric is None else parse_rank_metric(self.rank_metric)
+
+    seeds: Literal["first", "all"] = Field(
+        "first",
+        description="Diagnose the policies and data of the first training seed only, or of all.",
+    )
 
 
 class PublishModel(_Strict):
@@ -485,15 +505,41 @@ class ClusterModel(_Strict):
         return self
 
 
+class RecipeOverrides(_Strict):
+    """One named arm: partial overrides of the workflow's ``bc``, ``rollout`` and ``train``
+    sections (any of their fields; nested mappings merge key by key)."""
+
+    bc: dict[str, Any] = Field(default_factory=dict, description="Overrides of bc.")
+    rollout: dict[str, Any] = Field(default_factory=dict, description="Overrides of rollout.")
+    train: dict[str, Any] = Field(default_factory=dict, description="Overrides of train.")
+
+
 class Workflow(_Strict):
     """An augmentation workflow: source, BC, rollouts, train, diagnose, report, publish."""
 
     name: str = Field(description="A name for the run.")
-    seed: int = Field(0, description="Seed of every stage.")
+    seed: int = Field(
+        0, description="Seed of every stage; the stages of this seed keep their plain names."
+    )
+    seeds: tuple[int, ...] = Field(
+        (),
+        description="Training seeds: every recipe and learner is trained once per seed (default"
+        " [seed]); BC and rollouts are made once per seed.",
+    )
     source: SourceConfig
     bc: BCConfigModel = Field(default_factory=BCConfigModel)
     rollout: RolloutModel = Field(default_factory=RolloutModel)
     train: TrainModel = Field(default_factory=TrainModel)
+    recipes: dict[str, RecipeOverrides] | None = Field(
+        None,
+        description="Named arms, each overriding parts of bc, rollout and train (default: one"
+        f" recipe {DEFAULT_RECIPE!r}, the sections as written; none when a grid is given).",
+    )
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Dotted fields (rollout.noise, train.mixing, train.configs.cql.alpha) with"
+        " values to try: each combination is one more recipe, named from its values.",
+    )
     evaluation: EvaluationModel = Field(default_factory=EvaluationModel)
     diagnostics: DiagnosticsModel = Field(default_factory=DiagnosticsModel)
     publish: PublishModel | None = Field(None, description="Publish the result (omit to skip).")
@@ -503,35 +549,52 @@ class Workflow(_Strict):
         None, description="Directory for shards every worker can reach (default RUN_DIR/shards)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _seeds_default_to_seed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("seeds"):
+            return {**data, "seeds": [data.get("seed", 0)]}
+        return data
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_distinct(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"seeds must be distinct, got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _recipes_valid(self) -> Workflow:
+        found: list[Problem] = []
+        self._resolve(found)
+        if found:
+            raise nested_problems(found)
+        return self
+
+    def arms(self) -> dict[str, Recipe]:
+        """The recipes trained on augmented data (or with train-level augmentation), by name:
+        ``recipes`` and then the grid's points."""
+        return self._resolve([])
+
+    @property
+    def plain_train(self) -> TrainModel:
+        """The train section of the plain baseline: the workflow's own, with the fields that
+        augment inside the loss (:data:`AUGMENTING_TRAIN_FIELDS`) back at their defaults."""
+        fields = TrainModel.model_fields
+        plain = {n: fields[n].default for n in AUGMENTING_TRAIN_FIELDS if n in fields}
+        return self.train.model_copy(update=plain) if plain else self.train
+
+    def _resolve(self, found: list[Problem]) -> dict[str, Recipe]:
+        base = {"bc": self.bc, "rollout": self.rollout, "train": self.train}
+        recipes = None
+        if self.recipes is not None:
+            recipes = {name: r.model_dump() for name, r in self.recipes.items()}
+        return resolve_recipes(base, recipes, self.grid, found)
+
     def digest(self) -> str:
         """A stable hash of the resolved workflow."""
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-class WorkflowError(ValueError):
-    """A workflow file that cannot be used; one line per problem, each with field and line."""
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """The 1-based line of the YAML node at ``loc`` (the deepest key that exists)."""
-    line = None if node is None else node.start_mark.line + 1
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if getattr(k, "value", None) == str(part)), None)
-            key = next((k for k, v in node.value if getattr(k, "value", None) == str(part)), None)
-            if match is None:
-                break
-            line = key.start_mark.line + 1 if key is not None else line
-            node = match
-        elif (
-            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
-        ):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
 
 
 def load_workflow(path: str | Path) -> Workflow:
@@ -557,42 +620,9 @@ def load_workflow(path: str | Path) -> Workflow:
         return Workflow.model_validate(data)
     except ValidationError as exc:
         lines = []
-        for loc, message in _problems(exc):
+        for loc, message in problems(exc, Workflow):
             field = ".".join(str(p) for p in loc) or "(top level)"
-            line = _line_of(node, loc)
+            line = line_of(node, loc)
             where = f"{file}:{line}" if line else str(file)
             lines.append(f"{where}: {field}: {message}")
         raise WorkflowError("\n".join(lines)) from exc
-
-
-def _problems(exc: ValidationError) -> list[tuple[tuple[Any, ...], str]]:
-    """Each validation error as (its path in the document, a message naming what is allowed)."""
-    problems: list[tuple[tuple[Any, ...], str]] = []
-    for error in exc.errors():
-        loc = tuple(error["loc"])
-        message = error["msg"]
-        if error["type"] == LEARNER_CONFIG_ERROR:
-            problems.extend((loc + where, text) for where, text in error["ctx"]["problems"])
-            continue
-        if error["type"] == "extra_forbidden":
-            message = f"unknown key; allowed here: {', '.join(_allowed_fields(loc[:-1]))}"
-        problems.append((loc, message))
-    return problems
-
-
-def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
-    model: Any = Workflow
-    for part in loc:
-        field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
-        if field is None:
-            return []
-        annotation = field.annotation
-        candidates = [
-            a
-            for a in getattr(annotation, "__args__", (annotation,))
-            if isinstance(a, type) and issubclass(a, BaseModel)
-        ]
-        if not candidates:
-            return []
-        model = candidates[0]
-    return sorted(model.model_fields)

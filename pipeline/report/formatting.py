@@ -38,11 +38,17 @@ def get(mapping: Any, *keys: str) -> Any:
 
 
 def training_pairs(training: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{algorithm: {"original": entry, "augmented": entry}}`` from ``name-data`` keys."""
+    """``{algorithm: {"original": entry, "augmented": entry}}`` from ``name-data`` keys.
+
+    Runs of other recipes and seeds (``cql-RECIPE``, ``cql-augmented@s1``) are left to the
+    verdict, which aggregates them.
+    """
     pairs: dict[str, dict[str, Any]] = {}
     for name, entry in training.items():
         algorithm, _, data = str(name).rpartition("-")
-        if data not in ("original", "augmented") or not algorithm:
+        if "@" in str(name) or (algorithm and data not in ("original", "augmented")):
+            continue
+        if not algorithm:
             algorithm, data = str(name), "original"
         pairs.setdefault(algorithm, {})[data] = entry
     return pairs

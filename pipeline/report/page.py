@@ -19,6 +19,7 @@ from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
 from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
 from offaug.pipeline.report.plots import Plot, render_plots
+from offaug.pipeline.report.verdict import VERDICT_CSS, verdict_html
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
@@ -335,6 +336,7 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
     head_rows = [[html.escape(label), html.escape(value)] for label, value in headline(metrics)]
     timings = diagnostics.get("timings") or {}
     sections = [
+        ("Does augmentation help?", verdict_html(metrics)),
         ("Headline", _table(None, head_rows, "headline") if head_rows else _missing("—")),
         ("Scores", _scores_html(metrics.get("training") or {})),
         ("Videos", _VIDEOS_SLOT),
@@ -355,7 +357,7 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
         body += ".</p>"
     page = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}{VERDICT_CSS}</style></head>"
         f"<body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
     )
     # The videos get what the rest of the page leaves of the size bound.

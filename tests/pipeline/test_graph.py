@@ -433,3 +433,71 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
         busy.result()  # leave the cluster idle for the next test
     workers = {n: r["worker"] for n, r in json.loads(layout.stages.read_text())["stages"].items()}
     assert workers["a"] == workers["b"] != occupied
+
+
+@pytest.mark.slow
+def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two seeds x two recipes on real workers: the stages of the plan ran (the rollout shared
+    by the recipes that differ only in training once per seed), and metrics.json carries every
+    run and the verdict, which the report shows first."""
+    workflow = _workflow(
+        tmp_path,
+        seeds=[0, 1],
+        rollout={"episodes": 4, "tasks": 2},
+        recipes={"augmented": {}, "mixed": {"train": {"mixing": [0.8, 0.2]}}},
+        diagnostics={"enabled": True, "max_states": 200, "k": 3},
+        evaluation={"episodes": 2},
+    )
+    run_dir = tmp_path / "run"
+    result = run_workflow(workflow, run_dir, scheduler=cluster.address)
+    stages = json.loads((run_dir / "stages.json").read_text())["stages"]
+    expected = {
+        "bc",
+        "bc@s1",
+        "rollout:0",
+        "rollout:1",
+        "rollout",
+        "rollout:0@s1",
+        "rollout@s1",
+        "train:bc-original",
+        "train:bc-original@s1",
+        "train:bc-augmented",
+        "train:bc-augmented@s1",
+        "train:bc-mixed",
+        "train:bc-mixed@s1",
+        "diagnose",
+        "diagnose[mixed]",
+        "report",
+    }
+    assert expected <= set(stages) and set(result.executed) == set(stages)
+    assert not any(name.startswith("rollout[mixed]") for name in stages)
+    assert stages["train:bc-mixed@s1"]["inputs"] == ["source", "rollout@s1"]
+    assert (run_dir / "shards" / "augmented@s1" / "manifest.json").is_file()
+    assert (run_dir / "diagnostics" / "diagnose[mixed].json").is_file()
+
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["seeds"] == [0, 1]
+    entry = metrics["training"]["bc-mixed@s1"]
+    assert {"learner", "recipe", "seed", "return", "normalised_score", "checkpoint"} <= set(entry)
+    assert (entry["learner"], entry["recipe"], entry["seed"]) == ("bc", "mixed", 1)
+    assert set(metrics["training"]) == {
+        f"bc-{recipe}{suffix}"
+        for recipe in ("original", "augmented", "mixed")
+        for suffix in ("", "@s1")
+    }
+    verdicts = {v["recipe"]: v for v in metrics["verdict"]}
+    assert set(verdicts) == {"augmented", "mixed"}
+    for verdict in verdicts.values():
+        assert verdict["seeds"] == [0, 1] and verdict["learner"] == "bc"
+        assert verdict["outcome"] in ("helps", "hurts", "inconclusive")
+        assert len(verdict["interval"]) == 2 and 0 <= verdict["probability_of_improvement"] <= 1
+    assert metrics["verdict_headline"].startswith("bc with ")
+    recipe = metrics["recipes"]["mixed"]
+    assert recipe["rollout"] == "rollout" and recipe["weighting"] == "behaviour"
+    assert 0 < recipe["ess_fraction"] <= 1 and recipe["ood_share"] is not None
+    assert recipe["augmented_reward_per_step"] is not None
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert page.index("<h2>Does augmentation help?</h2>") < page.index("<h2>Headline</h2>")
+    assert "bc with mixed" in page

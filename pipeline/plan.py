@@ -1,0 +1,373 @@
+"""A workflow's stages as a plan: what runs, on which inputs, under which names, before Dask.
+
+:func:`plan_workflow` expands a workflow over its training seeds and recipes
+(:meth:`~offaug.pipeline.workflow.Workflow.arms`) into :class:`StageSpec` records, in the order
+they are dispatched; :mod:`offaug.pipeline.graph` hands them to the scheduler. A test reads the
+plan without running anything.
+
+**Sharing.** Each stage has an *identity*: a hash of its function, its config (seed included)
+and the identities of its inputs, never of its name. A stage whose identity is already planned
+is not planned again; whoever asks for it gets the first one's name. So there is one BC per
+(bc config, seed), one rollout (tasks and merge) per (rollout config, BC, rollout policy, seed),
+and recipes that differ only in how they train (``train.mixing``) share their rollouts.
+
+**Names.** A stage of the workflow's own ``seed`` and of the default recipe (``augmented``)
+keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``,
+``train:cql-augmented``, ``diagnose:cql-augmented``, ``diagnose``). Another seed appends
+``@sSEED``; another recipe's rollout, merged diagnostics and recipe-specific BC carry
+``[RECIPE]``: ``bc@s1``, ``bc[RECIPE]``, ``rollout[RECIPE]:0@s1``, ``rollout[RECIPE]@s1``,
+``train:cql-RECIPE@s1``, ``diagnose:cql-RECIPE@s1``, ``diagnose[RECIPE]@s1``. A shared stage
+has the name of the first recipe that asked for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from offaug.pipeline import stages
+from offaug.pipeline.arms import DEFAULT_RECIPE, Recipe
+from offaug.pipeline.keys import stage_key, to_json
+from offaug.pipeline.layout import RunLayout
+from offaug.pipeline.scheduler import Ref, RefList
+from offaug.pipeline.summary import RecipeStages, RunEntry, RunIndex, weighting_of
+from offaug.pipeline.verdict import PLAIN
+from offaug.pipeline.workflow import TrainModel, Workflow
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """One stage to add to the scheduler: ``function(*args)`` once ``inputs`` have finished."""
+
+    name: str
+    function: Callable[..., Any]
+    config: Any
+    """What the stage's key hashes besides its inputs' keys (seed included)."""
+    inputs: tuple[str, ...]
+    args: tuple[Any, ...]
+    """Arguments; :class:`~offaug.pipeline.scheduler.Ref` ones name other stages."""
+    resources: dict[str, float] | None = None
+
+
+@dataclasses.dataclass
+class Plan:
+    """The planned stages, in dispatch order, and where each run's results are."""
+
+    stages: dict[str, StageSpec] = dataclasses.field(default_factory=dict)
+    identities: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Stage name -> identity."""
+    by_identity: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Identity -> the stage name that has it."""
+    index: RunIndex = dataclasses.field(
+        default_factory=lambda: RunIndex(primary_seed=0, seeds=[], runs=[], recipes={})
+    )
+
+    def add(self, spec: StageSpec) -> str:
+        """Plan ``spec`` unless a stage of the same identity is planned; return the name used."""
+        function = getattr(spec.function, "func", spec.function)  # a partial's function
+        identity = stage_key(
+            f"{function.__module__}.{function.__qualname__}",
+            to_json(spec.config),
+            [self.identities[i] for i in spec.inputs],
+        )
+        if identity in self.by_identity:
+            return self.by_identity[identity]
+        if spec.name in self.stages:
+            raise ValueError(f"two different stages are both named {spec.name!r}")
+        self.stages[spec.name] = spec
+        self.identities[spec.name] = identity
+        self.by_identity[identity] = spec.name
+        return spec.name
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.stages)
+
+
+def path_name(text: str) -> str:
+    """``text`` as a file name: characters other than letters, digits and ``._=,@+-[]``
+    become ``_``, with a short hash of ``text`` appended when any did (so names stay apart)."""
+    safe = re.sub(r"[^A-Za-z0-9._=,@+\-\[\]]", "_", text)
+    if safe == text:
+        return text
+    return f"{safe}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
+
+
+class _Planner:
+    """Builds a :class:`Plan`; one method per kind of stage."""
+
+    def __init__(self, workflow: Workflow, layout: RunLayout, threads: int) -> None:
+        self.workflow = workflow
+        self.layout = layout
+        self.threads = threads
+        self.plan = Plan()
+        self.plan.index = RunIndex(
+            primary_seed=workflow.seed, seeds=list(workflow.seeds), runs=[], recipes={}
+        )
+
+    def suffix(self, seed: int) -> str:
+        return "" if seed == self.workflow.seed else f"@s{seed}"
+
+    def source(self) -> str:
+        source = self.workflow.source
+        return self.plan.add(StageSpec("source", stages.prepare_source, source, (), (source,)))
+
+    def train(
+        self,
+        train: TrainModel,
+        algorithm: str,
+        recipe: str,
+        seed: int,
+        augmented: str | None,
+        *,
+        plain: bool = True,
+    ) -> str:
+        """One (recipe, learner, seed) run on the original data (``augmented`` None) or on
+        original + augmented data; recorded in the run index under its recipe. A recipe without
+        rollouts trains on the original data with its augmentation inside the loss
+        (``plain=False``)."""
+        label = f"{algorithm}-{recipe}{self.suffix(seed)}"
+        evaluation = self.workflow.evaluation
+        config: dict[str, Any] = {
+            "train": train,
+            "evaluation": evaluation,
+            "algorithm": algorithm,
+            "seed": seed,
+        }
+        function: Callable[..., Any] = stages.train_offline
+        if augmented is None and not plain:
+            # Only a recipe of rollout backend 'none' gets here: the train stage's keyword that
+            # turns on its train-level augmentation (state noise) without augmented data.
+            config["plain"] = False
+            function = functools.partial(function, plain=False)
+        inputs = ("source",) if augmented is None else ("source", augmented)
+        name = self.plan.add(
+            StageSpec(
+                f"train:{label}",
+                function,
+                config,
+                inputs,
+                (
+                    algorithm,
+                    Ref("source"),
+                    None if augmented is None else Ref(augmented),
+                    train,
+                    evaluation,
+                    str(self.layout.model(path_name(label))),
+                    seed,
+                    self.threads,
+                ),
+                dict(train.resources) or None,
+            )
+        )
+        entry = RunEntry(learner=algorithm, recipe=recipe, seed=seed, stage=name, label=label)
+        if entry not in self.plan.index["runs"]:
+            self.plan.index["runs"].append(entry)
+        return name
+
+    def plain(self, algorithm: str, seed: int) -> str:
+        return self.train(self.workflow.plain_train, algorithm, PLAIN, seed, None)
+
+    def trainings(self, recipe: Recipe, rollouts: dict[int, str | None]) -> None:
+        """Every learner of ``recipe`` on every seed: the one place per-seed training stages are
+        made (a trainer of several seeds at once would make one stage per learner here)."""
+        for algorithm in recipe.train.algorithms:
+            for seed, rollout in rollouts.items():
+                self.train(recipe.train, algorithm, recipe.name, seed, rollout, plain=False)
+
+    def bc(self, recipe: Recipe, seed: int) -> str:
+        own = recipe.bc == self.workflow.bc
+        label = ("bc" if own else f"bc[{recipe.name}]") + self.suffix(seed)
+        return self.plan.add(
+            StageSpec(
+                label,
+                stages.train_bc,
+                {"bc": recipe.bc, "seed": seed},
+                ("source",),
+                (Ref("source"), recipe.bc, str(self.layout.model(path_name(label))), seed),
+            )
+        )
+
+    def rollout(self, recipe: Recipe, seed: int, bc: str) -> str:
+        """The rollout tasks and their merge; return the merge's name."""
+        rollout = recipe.rollout
+        sfx = self.suffix(seed)
+        tag = "" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]"
+        shards = "augmented" + ("" if not tag and not sfx else path_name(f"{tag}{sfx}"))
+        out = str(self.layout.augmented.with_name(shards))
+        # A learner named as the rollout policy rolls out its own plain run of this seed.
+        policy_name = getattr(rollout, "policy", "bc")
+        policy = None if policy_name in ("bc", None) else self.plain(str(policy_name), seed)
+        extra = () if policy is None else (Ref(policy),)
+        needs = ("source", bc) + (() if policy is None else (policy,))
+        dynamics = None
+        if rollout.backend == "model":
+            dynamics = self.plan.add(
+                StageSpec(
+                    f"dynamics{tag}{sfx}",
+                    stages.train_dynamics_stage,
+                    {"dynamics": rollout.dynamics, "seed": seed},
+                    ("source",),
+                    (
+                        Ref("source"),
+                        rollout,
+                        str(self.layout.models / path_name(f"dynamics{tag}{sfx}.pt")),
+                        seed,
+                    ),
+                )
+            )
+        tasks = []
+        for index in range(rollout.tasks):
+            config = {"rollout": rollout, "index": index, "seed": seed}
+            name = f"rollout{tag}:{index}{sfx}"
+            if dynamics is None:
+                spec = StageSpec(
+                    name,
+                    stages.rollout_shard,
+                    config,
+                    needs,
+                    (Ref("source"), Ref(bc), rollout, out, seed, index, *extra),
+                )
+            else:
+                shard = str(self.layout.augmented.with_name(shards) / f"shard-{index:05d}.arrow")
+                spec = StageSpec(
+                    name,
+                    stages.model_rollout_task,
+                    config,
+                    (*needs, dynamics),
+                    (Ref("source"), Ref(bc), Ref(dynamics), rollout, shard, index, seed, *extra),
+                )
+            tasks.append(self.plan.add(spec))
+        return self.plan.add(
+            StageSpec(
+                f"rollout{tag}{sfx}",
+                stages.merge_rollouts,
+                {"rollout": rollout, "seed": seed},
+                tuple(tasks),
+                (RefList(tuple(tasks)), out, rollout),
+            )
+        )
+
+    def diagnose(self, recipe: Recipe, seed: int, bc: str, rollout: str | None) -> str:
+        """Each policy's checks (the plain runs' and the recipe's), then their merge."""
+        workflow = self.workflow
+        config = workflow.diagnostics
+        sfx = self.suffix(seed)
+        runs = [r for r in self.plan.index["runs"] if r["seed"] == seed]
+        models = [r["stage"] for r in runs if r["recipe"] == PLAIN]
+        models += [r["stage"] for r in runs if r["recipe"] == recipe.name]
+        tag = "" if recipe.bc == workflow.bc else f"[{recipe.name}]"
+        parts = [
+            self.plan.add(
+                StageSpec(
+                    f"diagnose{tag}:{model.removeprefix('train:')}",
+                    stages.diagnose_policy_stage,
+                    {"diagnostics": config, "index": index, "seed": seed},
+                    ("source", bc, model),
+                    (Ref("source"), Ref(bc), Ref(model), config, seed, index),
+                )
+            )
+            for index, model in enumerate(models)
+        ]
+        name = "diagnose" + ("" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]") + sfx
+        out = self.layout.root / "diagnostics.json"
+        if name != "diagnose":
+            out = self.layout.root / "diagnostics" / f"{path_name(name)}.json"
+        return self.plan.add(
+            StageSpec(
+                name,
+                stages.diagnose_stage,
+                {"diagnostics": config, "seed": seed},
+                ("source", *(() if rollout is None else (rollout,)), bc, *models, *parts),
+                (
+                    Ref("source"),
+                    None if rollout is None else Ref(rollout),
+                    Ref(bc),
+                    RefList(tuple(models)),
+                    config,
+                    str(out),
+                    seed,
+                    RefList(tuple(parts)),
+                ),
+            )
+        )
+
+
+def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
+    """Every stage of ``workflow`` but the report, in dispatch order (see the module docstring)."""
+    planner = _Planner(workflow, layout, threads)
+    planner.source()
+    arms = workflow.arms()
+    seeds = list(workflow.seeds)
+    diagnosed = seeds if workflow.diagnostics.seeds == "all" else seeds[:1]
+    rollouts: dict[str, dict[int, str | None]] = {name: {} for name in arms}
+    bcs: dict[tuple[str, int], str] = {}
+    for seed in seeds:
+        # Baselines on the original data need neither BC nor rollouts: they start at once.
+        if workflow.train.baseline:
+            for algorithm in workflow.train.algorithms:
+                planner.plain(algorithm, seed)
+        for recipe in arms.values():
+            needs_bc = recipe.has_rollouts or (workflow.diagnostics.enabled and seed in diagnosed)
+            if needs_bc:
+                bcs[recipe.name, seed] = planner.bc(recipe, seed)
+            rollouts[recipe.name][seed] = (
+                planner.rollout(recipe, seed, bcs[recipe.name, seed])
+                if recipe.has_rollouts
+                else None
+            )
+    for recipe in arms.values():
+        planner.trainings(recipe, rollouts[recipe.name])
+    diagnoses: dict[tuple[str, int], str] = {}
+    if workflow.diagnostics.enabled:
+        for seed in diagnosed:
+            for recipe in arms.values():
+                diagnoses[recipe.name, seed] = planner.diagnose(
+                    recipe, seed, bcs[recipe.name, seed], rollouts[recipe.name][seed]
+                )
+    for recipe in arms.values():
+        planner.plan.index["recipes"][recipe.name] = RecipeStages(
+            weighting=weighting_of(recipe.train),
+            policy=str(getattr(recipe.rollout, "policy", "bc") or "bc"),
+            bc={str(s): bcs[recipe.name, s] for s in seeds if (recipe.name, s) in bcs},
+            rollout={str(s): r for s, r in rollouts[recipe.name].items() if r is not None},
+            diagnose={
+                str(s): diagnoses[recipe.name, s]
+                for s in diagnosed
+                if (recipe.name, s) in diagnoses
+            },
+        )
+    _publish(planner, arms, rollouts, seeds)
+    return planner.plan
+
+
+def _publish(
+    planner: _Planner,
+    arms: dict[str, Recipe],
+    rollouts: dict[str, dict[int, str | None]],
+    seeds: Sequence[int],
+) -> None:
+    """Publish the first recipe's augmented data of the first seed (the original alone if none)."""
+    workflow = planner.workflow
+    if workflow.publish is None:
+        return
+    rollout = next((rollouts[name][seeds[0]] for name in arms if rollouts[name][seeds[0]]), None)
+    provenance = {"workflow": workflow.name, "workflow_hash": workflow.digest()}
+    planner.plan.add(
+        StageSpec(
+            "publish",
+            stages.publish_stage,
+            workflow.publish,
+            ("source", *(() if rollout is None else (rollout,))),
+            (
+                Ref("source"),
+                None if rollout is None else Ref(rollout),
+                workflow.publish,
+                provenance,
+            ),
+        )
+    )

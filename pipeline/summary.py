@@ -1,0 +1,274 @@
+"""metrics.json: every run's score, each recipe's diagnostics, and the verdict over seeds.
+
+:func:`summarise` reads the stages' results through a :class:`RunIndex` (which stage holds
+which (learner, recipe, seed) run, and each recipe's BC, rollout and diagnostics stages per
+seed, as :func:`offaug.pipeline.plan.plan_workflow` made them) and builds the document the
+report renders (typed in :mod:`offaug.pipeline.report.schema`). The verdict is
+:func:`offaug.pipeline.verdict.judge` over the final evaluation scores, with each recipe's
+:class:`~offaug.pipeline.verdict.RecipeDiagnostics` for its reasons.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
+
+import numpy as np
+
+from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.media_stages import media_metrics
+from offaug.pipeline.verdict import PLAIN, RecipeDiagnostics, RunScore, as_json, headline, judge
+from offaug.pipeline.workflow import TrainModel, Workflow
+
+
+class RunEntry(TypedDict):
+    """Where one (learner, recipe, seed) run's result is."""
+
+    learner: str
+    recipe: str
+    seed: int
+    stage: str
+    """The train stage (shared by recipes that train alike)."""
+    label: str
+    """Its key under ``training`` in metrics.json: ``LEARNER-RECIPE`` (+ ``@sSEED``)."""
+
+
+class RecipeStages(TypedDict):
+    """One recipe's stages, each by seed (as a string: JSON keys)."""
+
+    weighting: str
+    """How its augmented rows are weighted: none, behaviour or policy."""
+    policy: str
+    """Its rollout policy: bc, or the learner whose plain run rolls out."""
+    bc: dict[str, str]
+    rollout: dict[str, str]
+    diagnose: dict[str, str]
+
+
+class RunIndex(TypedDict):
+    """Which stage holds what, for :func:`summarise`."""
+
+    primary_seed: int
+    seeds: list[int]
+    runs: list[RunEntry]
+    recipes: dict[str, RecipeStages]
+
+
+class RecipeSummary(TypedDict, total=False):
+    """One recipe beside the verdict (metrics.json ``recipes``); a missing figure is None."""
+
+    weighting: str
+    policy: str
+    rollout: str | None
+    """The first seed's rollout stage (None for backend none)."""
+    augmented_rows: int | None
+    """Augmented transitions of the first seed."""
+    ess_fraction: float | None
+    """ESS/N of the importance weights, mean over seeds."""
+    clipped_fraction: float | None
+    """Share of weights clipped, mean over seeds."""
+    ood_share: float | None
+    """Share of augmented states out of the data's distribution (first diagnosed seed)."""
+    original_reward_per_step: float | None
+    augmented_reward_per_step: float | None
+    rollout_policy_score: float | None
+    """The rollout policy's own normalised score, mean over seeds (when evaluated)."""
+    diagnostics: str | None
+    """The stage of its merged diagnostics (first diagnosed seed)."""
+
+
+def weighting_of(train: TrainModel) -> str:
+    """The train section's weighting as a word (a boolean ``weighting`` is behaviour or none)."""
+    weighting: Any = train.weighting
+    if isinstance(weighting, bool):
+        return "behaviour" if weighting else "none"
+    return str(weighting)
+
+
+def training_entries(results: Mapping[str, Any], index: RunIndex) -> dict[str, dict[str, Any]]:
+    """``training`` of metrics.json: each run's final evaluation, by its label."""
+    training: dict[str, dict[str, Any]] = {}
+    for run in index["runs"]:
+        result = results.get(run["stage"])
+        if not isinstance(result, ModelRef):
+            continue
+        evaluation = result.metrics.get("eval") or {}
+        training[run["label"]] = {
+            "learner": run["learner"],
+            "recipe": run["recipe"],
+            "seed": run["seed"],
+            "return": evaluation.get("return"),
+            "normalised_score": evaluation.get("normalised_score"),
+            "checkpoint": result.path,
+        }
+    return training
+
+
+def run_scores(training: Mapping[str, Mapping[str, Any]]) -> tuple[list[RunScore], str]:
+    """The runs' final scores for the verdict, and which score it is: ``normalised_score``
+    when every run has one (the data has reference scores), else ``return``."""
+    entries = [e for e in training.values() if e.get("return") is not None]
+    key = (
+        "normalised_score"
+        if all(e.get("normalised_score") is not None for e in entries)
+        else "return"
+    )
+    runs = [RunScore(e["learner"], e["recipe"], int(e["seed"]), float(e[key])) for e in entries]
+    return runs, key
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def _dig(value: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def recipe_summaries(
+    results: Mapping[str, Any], index: RunIndex, training: Mapping[str, Mapping[str, Any]]
+) -> dict[str, RecipeSummary]:
+    """Each recipe's weights, coverage, rewards and rollout policy score (``recipes``)."""
+    summaries: dict[str, RecipeSummary] = {}
+    for name, stages in index["recipes"].items():
+        augmented = [results.get(s) for s in stages["rollout"].values()]
+        weights = [a.weight_stats for a in augmented if isinstance(a, AugmentedRef)]
+        first_rollout = next(iter(stages["rollout"].values()), None)
+        first = results.get(first_rollout) if first_rollout else None
+        diagnose = next(iter(stages["diagnose"].values()), None)
+        document = results.get(diagnose) if diagnose else None
+        if stages["policy"] == "bc":
+            policy_scores = [
+                _dig(results[s].metrics, "eval", "normalised_score")
+                for s in stages["bc"].values()
+                if isinstance(results.get(s), ModelRef)
+            ]
+        else:
+            policy_scores = [
+                e.get("normalised_score")
+                for e in training.values()
+                if e["learner"] == stages["policy"] and e["recipe"] == PLAIN
+            ]
+        summaries[name] = RecipeSummary(
+            weighting=stages["weighting"],
+            policy=stages["policy"],
+            rollout=first_rollout,
+            augmented_rows=first.rows if isinstance(first, AugmentedRef) else None,
+            ess_fraction=_mean([w.get("ess_fraction") for w in weights]),
+            clipped_fraction=_mean([w.get("clipped_fraction") for w in weights]),
+            ood_share=_dig(document, "coverage", "ood_fraction"),
+            original_reward_per_step=_dig(document, "data", "original", "reward_mean"),
+            augmented_reward_per_step=_dig(document, "data", "augmented", "reward_mean"),
+            rollout_policy_score=_mean(policy_scores),
+            diagnostics=diagnose,
+        )
+    return summaries
+
+
+def data_score(
+    source: DatasetRef | None, diagnostics: Mapping[str, Any] | None, bc: Any = None
+) -> float | None:
+    """The normalised score of the data's own episodes: as the BC stage records it
+    (``metrics["data"]``), else from the diagnostics' mean return and the reference scores."""
+    if isinstance(bc, ModelRef) and _dig(bc.metrics, "data", "normalised_score") is not None:
+        return float(bc.metrics["data"]["normalised_score"])
+    mean_return = _dig(diagnostics, "data", "original", "return", "mean")
+    if source is None or mean_return is None:
+        return None
+    # Reference scores come with the evaluation module (gymnasium): imported where needed, as
+    # the workers unpickle this module with the stages before their background imports.
+    from offaug.algorithms.evaluate import reference_scores
+
+    scores = reference_scores(source.meta, None)
+    if scores is None or scores[1] == scores[0]:
+        return None
+    return 100.0 * (float(mean_return) - scores[0]) / (scores[1] - scores[0])
+
+
+_Figure = Literal[
+    "augmented_reward_per_step",
+    "original_reward_per_step",
+    "ess_fraction",
+    "ood_share",
+    "rollout_policy_score",
+]
+_FIGURES: tuple[_Figure, ...] = typing.get_args(_Figure)
+"""The figures of a recipe's summary that the verdict reads."""
+
+
+def verdict_diagnostics(
+    summaries: Mapping[str, RecipeSummary], data: float | None
+) -> dict[str, RecipeDiagnostics]:
+    """What the verdict reads of each recipe (the figures it has)."""
+    out: dict[str, RecipeDiagnostics] = {}
+    for name, summary in summaries.items():
+        entry = RecipeDiagnostics(weighting=summary.get("weighting", "none"))
+        for key in _FIGURES:
+            value = summary.get(key)
+            if value is not None:
+                entry[key] = float(value)
+        if data is not None:
+            entry["data_score"] = data
+        out[name] = entry
+    return out
+
+
+def _primary(
+    results: Mapping[str, Any], index: RunIndex, kind: Literal["bc", "rollout", "diagnose"]
+) -> Any:
+    """The default stage's result of ``kind`` (``bc``, ``rollout``, ``diagnose``), else the
+    first recipe's of the first seed that has one."""
+    if kind in results:
+        return results[kind]
+    for stages in index["recipes"].values():
+        for name in stages[kind].values():
+            return results.get(name)
+    return None
+
+
+def summarise(workflow: Workflow, results: dict[str, Any], index: RunIndex) -> dict[str, Any]:
+    """metrics.json: scores per run, weights and diagnostics, each recipe, and the verdict."""
+    training = training_entries(results, index)
+    augmented = _primary(results, index, "rollout")
+    diagnostics = _primary(results, index, "diagnose")
+    source = results.get("source")
+    source = source if isinstance(source, DatasetRef) else None
+    summaries = recipe_summaries(results, index, training)
+    runs, score = run_scores(training)
+    data = data_score(source, diagnostics, _primary(results, index, "bc"))
+    verdicts = judge(runs, verdict_diagnostics(summaries, data))
+    metrics: dict[str, Any] = {
+        "workflow": workflow.name,
+        "workflow_hash": workflow.digest(),
+        "seeds": list(index["seeds"]),
+        "source": {"dataset": source.source, "rows": source.rows, "episodes": source.episodes}
+        if source is not None
+        else None,
+        "augmented": {
+            "rows": augmented.rows,
+            "episodes": augmented.episodes,
+            "shards": augmented.shards,
+            "faults": augmented.faults,
+        }
+        if isinstance(augmented, AugmentedRef)
+        else None,
+        "weights": augmented.weight_stats if isinstance(augmented, AugmentedRef) else None,
+        "training": training,
+        "recipes": summaries,
+        "data_score": data,
+        "verdict_score": score,
+        "verdict": as_json(verdicts),
+        "verdict_headline": headline(verdicts),
+    }
+    if diagnostics is not None:
+        metrics["diagnostics"] = diagnostics
+    if "publish" in results:
+        metrics["publish"] = results["publish"]
+    metrics.update(media_metrics(results, workflow.report))
+    return metrics

@@ -1,0 +1,197 @@
+"""Seeds, recipes and grids: the stage plan a workflow expands into, and its validation.
+
+The plan is built without running anything; tests/pipeline/test_graph.py runs one on Dask.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from offaug.pipeline.layout import RunLayout
+from offaug.pipeline.plan import Plan, plan_workflow
+from offaug.pipeline.workflow import Workflow, WorkflowError, load_workflow
+
+
+def _workflow(**sections: Any) -> Workflow:
+    data: dict[str, Any] = {
+        "name": "plan-test",
+        "source": {"dataset": "plan/none-v0"},
+        "rollout": {"episodes": 4, "tasks": 2, "noise": "gaussian:0.1"},
+        "train": {"algorithms": ["cql", "bcq"]},
+        **sections,
+    }
+    return Workflow.model_validate(data)
+
+
+def _plan(workflow: Workflow, tmp_path: Path) -> Plan:
+    return plan_workflow(workflow, RunLayout(tmp_path / "run"), 1)
+
+
+def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) -> None:
+    plan = _plan(_workflow(), tmp_path)
+    assert plan.names == [
+        "source",
+        "train:cql-original",
+        "train:bcq-original",
+        "bc",
+        "rollout:0",
+        "rollout:1",
+        "rollout",
+        "train:cql-augmented",
+        "train:bcq-augmented",
+        "diagnose:cql-original",
+        "diagnose:bcq-original",
+        "diagnose:cql-augmented",
+        "diagnose:bcq-augmented",
+        "diagnose",
+    ]
+    spec = plan.stages["train:cql-augmented"]
+    assert spec.inputs == ("source", "rollout")
+    assert spec.args[5] == str(tmp_path / "run" / "models" / "cql-augmented")
+    assert plan.stages["rollout"].args[1] == str(tmp_path / "run" / "shards" / "augmented")
+    runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
+    assert runs[("cql", "original", 0)] == "train:cql-original"
+    assert runs[("bcq", "augmented", 0)] == "train:bcq-augmented"
+
+
+def test_seeds_times_a_grid_shares_what_is_equal(tmp_path: Path) -> None:
+    workflow = _workflow(
+        seeds=[0, 1],
+        grid={
+            "rollout.noise": ["gaussian:0.1", "gaussian:0.3"],
+            "train.mixing": [[0.5, 0.5], [0.7, 0.3]],
+        },
+        diagnostics={"enabled": False},
+    )
+    assert list(workflow.arms()) == [
+        "noise=gaussian:0.1,mixing=[0.5,0.5]",
+        "noise=gaussian:0.1,mixing=[0.7,0.3]",
+        "noise=gaussian:0.3,mixing=[0.5,0.5]",
+        "noise=gaussian:0.3,mixing=[0.7,0.3]",
+    ]
+    plan = _plan(workflow, tmp_path)
+    names = plan.names
+    # One BC per seed (the workflow's own seed keeps the plain name).
+    assert [n for n in names if n.startswith("bc")] == ["bc", "bc@s1"]
+    # One rollout per (noise, seed): the mixing values share them.
+    merges = [n for n in names if n.startswith("rollout") and ":" not in n.split("]")[-1]]
+    assert merges == [
+        "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]",
+        "rollout[noise=gaussian:0.3,mixing=[0.5,0.5]]",
+        "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]@s1",
+        "rollout[noise=gaussian:0.3,mixing=[0.5,0.5]]@s1",
+    ]
+    assert len([n for n in names if n.startswith("rollout[") and "]:" in n]) == 2 * 2 * 2
+    # Every (recipe, learner, seed) is a training run: 4 recipes x 2 learners x 2 seeds, plus
+    # the plain baselines of each learner and seed.
+    trains = [n for n in names if n.startswith("train:")]
+    assert len(trains) == 4 * 2 * 2 + 2 * 2
+    assert "train:cql-original@s1" in trains
+    assert "train:bcq-noise=gaussian:0.3,mixing=[0.7,0.3]@s1" in trains
+    mixed = plan.stages["train:cql-noise=gaussian:0.1,mixing=[0.7,0.3]@s1"]
+    assert mixed.inputs == ("source", "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]@s1")
+    assert mixed.args[6] == 1  # the seed
+    # Seeds differ in what they compute, not only in their names.
+    assert plan.identities["bc"] != plan.identities["bc@s1"]
+    runs = plan.index["runs"]
+    assert len(runs) == len(trains) and {r["seed"] for r in runs} == {0, 1}
+    rollouts = plan.index["recipes"]["noise=gaussian:0.1,mixing=[0.7,0.3]"]["rollout"]
+    assert rollouts == {
+        "0": "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]",
+        "1": "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]@s1",
+    }
+
+
+def test_recipes_share_bc_and_rollouts_unless_they_change_them(tmp_path: Path) -> None:
+    workflow = _workflow(
+        recipes={
+            "augmented": {},
+            "longer": {"train": {"steps": 20_000}},
+            "clone-more": {"bc": {"steps": 9000}},
+            "wide": {"rollout": {"episodes": 8}},
+        }
+    )
+    plan = _plan(workflow, tmp_path)
+    index = plan.index["recipes"]
+    assert index["longer"]["rollout"] == {"0": "rollout"} and index["longer"]["bc"] == {"0": "bc"}
+    assert index["clone-more"]["bc"] == {"0": "bc[clone-more]"}
+    assert index["clone-more"]["rollout"] == {"0": "rollout[clone-more]"}
+    assert index["wide"]["bc"] == {"0": "bc"}
+    assert index["wide"]["rollout"] == {"0": "rollout[wide]"}
+    assert plan.stages["rollout[clone-more]:0"].inputs == ("source", "bc[clone-more]")
+    assert plan.stages["train:cql-longer"].args[3].steps == 20_000
+    # The plain baselines are trained once, with the workflow's own train section.
+    assert [n for n in plan.names if n.endswith("-original")] == [
+        "train:cql-original",
+        "train:bcq-original",
+        "diagnose:cql-original",
+        "diagnose:bcq-original",
+        "diagnose[clone-more]:cql-original",  # judged against that recipe's own beta_hat
+        "diagnose[clone-more]:bcq-original",
+    ]
+    assert {"diagnose", "diagnose[longer]", "diagnose[clone-more]", "diagnose[wide]"} <= set(
+        plan.names
+    )
+
+
+def test_diagnostics_cover_the_first_seed_unless_asked_for_all(tmp_path: Path) -> None:
+    first = _plan(_workflow(seeds=[3, 4], seed=3), tmp_path)
+    assert [n for n in first.names if n.startswith("diagnose")][-1] == "diagnose"
+    assert not any(n.startswith("diagnose") and n.endswith("@s4") for n in first.names)
+    every = _plan(_workflow(seeds=[3, 4], seed=3, diagnostics={"seeds": "all"}), tmp_path)
+    assert {"diagnose@s4", "diagnose:cql-augmented@s4"} <= set(every.names)
+
+
+def test_recipe_and_grid_problems_name_the_field_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "study.yaml"
+    path.write_text(
+        "name: study\n"
+        "source: {dataset: a/b-v0}\n"
+        "recipes:\n"
+        "  narrow:\n"
+        "    rollout:\n"
+        "      episods: 10\n"
+        "  original: {}\n"
+        "  cautious:\n"
+        "    train:\n"
+        "      configs: {cql: {hiden: [8]}}\n"
+        "grid:\n"
+        "  rollout.nosie: [gaussian:0.1]\n"
+        "  rollout.start:\n"
+        "    - reset\n"
+        "    - sideways\n"
+    )
+    with pytest.raises(WorkflowError) as info:
+        load_workflow(path)
+    lines = str(info.value).splitlines()
+    assert any(
+        line.startswith(f"{path}:6: recipes.narrow.rollout.episods: unknown key; allowed here:")
+        and "episodes" in line
+        for line in lines
+    ), lines
+    assert any(line.startswith(f"{path}:7: recipes.original: ") for line in lines), lines
+    assert any(
+        line.startswith(f"{path}:10: recipes.cautious.train.configs.cql.hiden: unknown CQLConfig")
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith(f"{path}:12: grid.rollout.nosie: rollout has no field 'nosie'")
+        for line in lines
+    ), lines
+    assert any(line.startswith(f"{path}:15: grid.rollout.start.1: ") for line in lines), lines
+
+
+def test_seeds_default_to_seed_and_must_be_distinct() -> None:
+    assert _workflow(seed=7).seeds == (7,)
+    assert _workflow(seeds=[1, 2]).seeds == (1, 2)
+    with pytest.raises(ValueError, match="distinct"):
+        _workflow(seeds=[1, 1])
+
+
+def test_every_workflow_file_plans(tmp_path: Path) -> None:
+    for path in sorted(Path("workflows").glob("*.yaml")):
+        plan = _plan(load_workflow(path), tmp_path)
+        assert plan.index["runs"], path
