@@ -55,7 +55,9 @@ class _Flat:
         self.views = self.split(self.flat)
         # Leaves that share the buffer's storage: autograd differentiates them, updates of the
         # buffer (in place, without a gradient) show through them.
-        self.leaves = {name: view.detach().requires_grad_(True) for name, view in self.views.items()}
+        self.leaves = {
+            name: view.detach().requires_grad_(True) for name, view in self.views.items()
+        }
 
     def split(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each parameter's ``(K, ...)`` view of a ``(K, P)`` buffer laid out as :attr:`flat`."""
@@ -245,7 +247,10 @@ class FusedTrainer:
 
     def _member_loss(self, phase: Phase) -> Any:
         def member(
-            tensors: dict[str, torch.Tensor], fields: dict[str, torch.Tensor], noise: Any, hyper: Any
+            tensors: dict[str, torch.Tensor],
+            fields: dict[str, torch.Tensor],
+            noise: Any,
+            hyper: Any,
         ) -> Any:
             batch = TorchBatch(**fields)
             return functional_call(self._container, tensors, (phase, batch, noise, hyper))
@@ -258,7 +263,9 @@ class FusedTrainer:
         groups = [self.flats[self.spec.optimizers[o].module] for o in phase.optimizers]
         leaves = [leaf for group in groups for leaf in group.leaves.values()]
         grads = torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
-        parts = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
+        parts = [
+            torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)
+        ]
         active = self.active[:, None]
         # On the CPU the mask is read for free; elsewhere the masked path avoids a device sync.
         all_active = self.device.type == "cpu" and bool(self.active.all())
@@ -281,7 +288,9 @@ class FusedTrainer:
         draws = []
         for generator in self.generators:
 
-            def randn(shape: tuple[int, ...], generator: torch.Generator = generator) -> torch.Tensor:
+            def randn(
+                shape: tuple[int, ...], generator: torch.Generator = generator
+            ) -> torch.Tensor:
                 return torch.randn(shape, generator=generator, device=generator.device).to(device)
 
             draws.append(self.spec.noise(batch_size, randn))
@@ -312,14 +321,15 @@ class FusedTrainer:
             for group in option.optimizer.param_groups:
                 group["lr"] = float(hyper[option.learning_rate])
         if hasattr(trainer, "steps"):
-            setattr(trainer, "steps", int(self.member_steps[index]))
+            trainer.steps = int(self.member_steps[index])
         if spec.restore is not None:
             spec.restore({name: value[index].clone() for name, value in self.carried.items()})
         return trainer
 
     def member_state_dict(self, index: int) -> dict[str, Any]:
         """What member ``index``'s single-seed trainer's ``state_dict`` would be."""
-        return self.member(index).state_dict()
+        state: dict[str, Any] = self.member(index).state_dict()
+        return state
 
 
 def _spec(trainer: Trainer) -> FusedSpec:
