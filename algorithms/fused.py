@@ -110,8 +110,9 @@ class _Adam:
         """
         self.steps = self.steps + active
         # Bias corrections in float64, as torch's Adam takes them on the host.
-        step_size = (lr[:, None] / (1.0 - self.beta1**self.steps)).float()
-        correction = (1.0 - self.beta2**self.steps).sqrt().float()
+        dtype = self.group.flat.dtype
+        step_size = (lr[:, None] / (1.0 - self.beta1**self.steps)).to(dtype)
+        correction = (1.0 - self.beta2**self.steps).sqrt().to(dtype)
         flat, exp_avg, exp_avg_sq = self.group.flat, self.exp_avg, self.exp_avg_sq
         if all_active:
             exp_avg.lerp_(grad, 1.0 - self.beta1)
