@@ -287,7 +287,65 @@ def train_offline(
     threads: int | None = None,
 ) -> ModelRef:
     """Train one learner on the original data, or on original + augmented data."""
-    from offaug.algorithms.train import TrainOptions, train  # imports torch: see the top
+    from offaug.algorithms.train import train  # imports torch: see the top
+
+    sources, options = _train_inputs(data, augmented, train_config, evaluation, seed, threads)
+    config = dict(train_config.configs.get(algorithm, {}))
+    final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
+    return _model_ref(
+        _model_name(algorithm, augmented), final / "checkpoint.pt", _last_metrics(final)
+    )
+
+
+def train_offline_fused(
+    algorithm: str,
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    outs: list[str],
+    seeds: list[int],
+    threads: int | None = None,
+) -> list[ModelRef]:
+    """:func:`train_offline` for several seeds at once, as one fused run; one record per seed.
+
+    ``outs[k]`` receives what :func:`train_offline` with ``seeds[k]`` writes to its ``out``, and
+    the records are those it returns (the numbers agree to float32 rounding).
+    """
+    from offaug.algorithms.train_fused import train_fused  # imports torch: see the top
+
+    sources, options = _train_inputs(data, augmented, train_config, evaluation, seeds[0], threads)
+    options = dataclasses.replace(options, seeds=tuple(seeds))
+    config = dict(train_config.configs.get(algorithm, {}))
+    finals = [Path(o) for o in outs]
+    stagings = [f.with_name(f".{f.name}.tmp-{uuid.uuid4().hex[:12]}") for f in finals]
+    try:
+        train_fused(algorithm, sources, stagings, config=config, options=options)
+        for staging, final in zip(stagings, finals, strict=True):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            replace_directory(staging, final)
+    except BaseException:
+        for staging in stagings:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    name = _model_name(algorithm, augmented)
+    return [_model_ref(name, f / "checkpoint.pt", _last_metrics(f)) for f in finals]
+
+
+def _model_name(algorithm: str, augmented: AugmentedRef | None) -> str:
+    return f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
+
+
+def _train_inputs(
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    seed: int,
+    threads: int | None,
+) -> tuple[list[Any], Any]:
+    """The sources and :class:`~offaug.algorithms.train.TrainOptions` of a training stage."""
+    from offaug.algorithms.train import TrainOptions  # imports torch: see the top
 
     sources: list[Any] = [data.source]
     mixing = None
@@ -310,10 +368,7 @@ def train_offline(
         threads=threads,
         compile=train_config.compile,
     )
-    config = dict(train_config.configs.get(algorithm, {}))
-    final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
-    name = f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
-    return _model_ref(name, final / "checkpoint.pt", _last_metrics(final))
+    return sources, options
 
 
 def diagnose_policy_stage(

@@ -28,6 +28,9 @@ from offaug.algorithms.train import TrainOptions, load_trainer, train
 from offaug.algorithms.train_fused import build_members, member_configs, stack_numpy, train_fused
 from offaug.cli import app
 from offaug.datasets import Transitions, load_transitions
+from offaug.pipeline.layout import DatasetRef
+from offaug.pipeline.stages import train_offline, train_offline_fused
+from offaug.pipeline.workflow import EvaluationModel, TrainModel
 
 SMALL: dict[str, dict[str, Any]] = {
     "bc": {"hidden": [32, 32], "batch_size": 32},
@@ -241,3 +244,27 @@ def test_cli_trains_seeds_fused(make_test_dataset, tmp_path: Path) -> None:
         assert restored.config.learning_rate == rate
     bad = CliRunner().invoke(app, [*args, "--seeds", "0,1", "--config", str(config), "--compile"])
     assert bad.exit_code != 0 and "compile" in bad.output
+
+
+def test_fused_stage_returns_the_per_seed_stages_records(make_test_dataset, tmp_path: Path) -> None:
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset)
+    ref = DatasetRef(dataset, len(data), data.num_episodes, "", False, dict(data.meta))
+    train_config = TrainModel(algorithms=("iql",), steps=10, configs={"iql": SMALL["iql"]})
+    evaluation = EvaluationModel(episodes=1)
+    outs = [str(tmp_path / "fused" / f"iql-{seed}") for seed in (0, 1)]
+    fused = train_offline_fused("iql", ref, None, train_config, evaluation, outs, [0, 1])
+    for seed, record, out in zip((0, 1), fused, outs, strict=True):
+        single = train_offline(
+            "iql", ref, None, train_config, evaluation, str(tmp_path / f"iql-{seed}"), seed
+        )
+        assert record.name == single.name == "iql-original"
+        assert record.path == str(Path(out) / "checkpoint.pt")
+        assert record.metrics.keys() == single.metrics.keys()
+        assert record.metrics["eval"]["returns"] == pytest.approx(
+            single.metrics["eval"]["returns"], rel=TOLERANCE
+        )
+        assert record.metrics["train"]["critic_loss"] == pytest.approx(
+            single.metrics["train"]["critic_loss"], rel=1e-4
+        )
+    assert not list((tmp_path / "fused").glob(".*"))  # no staging directory left behind
