@@ -30,6 +30,7 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch, index_tensor, to_tensor
 from offaug.algorithms.distributions import ActionNormaliser
+from offaug.algorithms.fusing import FusedSpec, Hyper, OptimizerSpec, Phase, config_hyperparameters
 from offaug.algorithms.networks import MLP, DeterministicActor, TruncatedGaussianActor
 
 
@@ -63,6 +64,8 @@ class BC:
     """Behaviour-cloning trainer."""
 
     name = "bc"
+    fused_hyperparameters = ("learning_rate",)
+    """Config fields that may differ between the members of a fused run."""
 
     def __init__(
         self, spaces: Spaces, config: BCConfig | None = None, *, device: str | None = None
@@ -112,6 +115,23 @@ class BC:
         self.optimizer.step()
         self.steps += 1
         return {"loss": loss.detach()}
+
+    def fused_spec(self) -> FusedSpec:
+        """The update as one phase (see :mod:`offaug.algorithms.fusing`)."""
+        return FusedSpec(
+            modules={"policy": self.policy, "normaliser": self.normaliser},
+            optimizers={"optimizer": OptimizerSpec(self.optimizer, "policy", "learning_rate")},
+            targets={},
+            phases=(Phase(self._phase_loss, ("optimizer",)),),
+            hyperparameters=config_hyperparameters(self.config, self.fused_hyperparameters),
+            metrics=("loss",),
+        )
+
+    def _phase_loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss = self.loss(batch)
+        return loss, {"loss": loss.detach()}
 
     @torch.no_grad()
     def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:

@@ -50,6 +50,7 @@ from offaug.algorithms.distributions import (
     ActionNormaliser,
     truncated_normal_log_prob,
 )
+from offaug.algorithms.fusing import FusedSpec, Hyper, OptimizerSpec, Phase
 from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.networks import LOG_STD_MAX, LOG_STD_MIN, MLP, CriticEnsemble
 from offaug.algorithms.statistics import ObservationNormaliser, observation_moments, reward_scale
@@ -105,14 +106,16 @@ class IQLConfig:
 
 
 def expectile_loss(
-    difference: torch.Tensor, expectile: float, weights: torch.Tensor | None
+    difference: torch.Tensor, expectile: float | torch.Tensor, weights: torch.Tensor | None
 ) -> torch.Tensor:
     """``|tau - 1(u < 0)| * u^2`` of ``u = Q - V``, weighted mean over the batch: ``(B,) -> ()``."""
     asymmetry = torch.where(difference < 0, 1.0 - expectile, expectile)
     return weighted_mean(asymmetry * difference.pow(2), weights)
 
 
-def advantage_weights(advantage: torch.Tensor, beta: float, max_weight: float) -> torch.Tensor:
+def advantage_weights(
+    advantage: torch.Tensor, beta: float | torch.Tensor, max_weight: float | torch.Tensor
+) -> torch.Tensor:
     """``min(exp(beta * A), max_weight)``, detached: ``(B,) -> (B,)``."""
     return (beta * advantage.detach()).exp().clamp(max=max_weight)
 
@@ -132,7 +135,7 @@ def gaussian_log_prob(
     return (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
 
 
-def cosine_rate(initial: float, step: int, decay_steps: int) -> float:
+def cosine_rate(initial: Any, step: int, decay_steps: int) -> Any:
     """``initial * (1 + cos(pi * step / decay_steps)) / 2``, 0 from ``decay_steps`` on."""
     progress = min(step, decay_steps) / decay_steps
     return initial * 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -193,6 +196,17 @@ class IQL:
     """IQL trainer: Gaussian actor, ``n_critics`` critics with targets, and V."""
 
     name = "iql"
+    fused_hyperparameters = (
+        "actor_learning_rate",
+        "critic_learning_rate",
+        "value_learning_rate",
+        "gamma",
+        "tau",
+        "expectile",
+        "beta",
+        "max_weight",
+    )
+    """Config fields that may differ between the members of a fused run."""
 
     def __init__(
         self, spaces: Spaces, config: IQLConfig | None = None, *, device: str | None = None
@@ -226,9 +240,14 @@ class IQL:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def losses(self, batch: TorchBatch) -> IQLLosses:
+    def hyperparameters(self) -> dict[str, float]:
+        """The values of :attr:`fused_hyperparameters` and the reward scale the losses read."""
+        values = {name: float(getattr(self.config, name)) for name in self.fused_hyperparameters}
+        return {**values, "reward_scale": self.reward_scale}
+
+    def losses(self, batch: TorchBatch, hyper: Hyper | None = None) -> IQLLosses:
         """The value, critic and actor losses of one batch (one backward pass serves them all)."""
-        cfg = self.config
+        cfg = self.hyperparameters() if hyper is None else hyper
         weights = batch.weights
         obs = self.observation_normaliser(batch.observations)
         next_obs = self.observation_normaliser(batch.next_observations)
@@ -239,13 +258,13 @@ class IQL:
             # too (as zeros).
             next_value = self.value(next_obs).squeeze(-1)
             q_target = self.critic_target(obs, actions).min(0).values  # (B,)
-            rewards = batch.rewards * self.reward_scale
-            target = td_target(rewards, batch.terminals, next_value, cfg.gamma)
+            rewards = batch.rewards * cfg["reward_scale"]
+            target = td_target(rewards, batch.terminals, next_value, cfg["gamma"])
         advantage = q_target - value
-        value_loss = expectile_loss(advantage, cfg.expectile, weights)
+        value_loss = expectile_loss(advantage, cfg["expectile"], weights)
         q_data = self.critic(obs, actions)  # (E, B)
         critic_loss = ensemble_td_loss(q_data, target, weights)
-        advantage_weight = advantage_weights(advantage, cfg.beta, cfg.max_weight)
+        advantage_weight = advantage_weights(advantage, cfg["beta"], cfg["max_weight"])
         actor_loss = awr_actor_loss(self.actor.log_prob(obs, actions), advantage_weight, weights)
         return IQLLosses(
             total=value_loss + critic_loss + actor_loss,
@@ -278,6 +297,47 @@ class IQL:
             "advantage": losses.advantage,
             "q_data": losses.q_data,
         }
+
+    def fused_spec(self) -> FusedSpec:
+        """The update as one phase of all three optimisers (see :mod:`offaug.algorithms.fusing`)."""
+        return FusedSpec(
+            modules={
+                "actor": self.actor,
+                "critic": self.critic,
+                "critic_target": self.critic_target,
+                "value": self.value,
+                "observation_normaliser": self.observation_normaliser,
+                "normaliser": self.normaliser,
+            },
+            optimizers={
+                "actor": OptimizerSpec(self.actor_optimizer, "actor", "actor_learning_rate"),
+                "critic": OptimizerSpec(self.critic_optimizer, "critic", "critic_learning_rate"),
+                "value": OptimizerSpec(self.value_optimizer, "value", "value_learning_rate"),
+            },
+            targets={"critic_target": "critic"},
+            phases=(
+                Phase(self._phase_loss, ("actor", "critic", "value"), targets=("critic_target",)),
+            ),
+            hyperparameters=self.hyperparameters(),
+            metrics=("value_loss", "critic_loss", "actor_loss", "advantage", "q_data"),
+            schedule=self._schedule if self.config.actor_lr_schedule == "cosine" else None,
+        )
+
+    def _phase_loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        losses = self.losses(batch, hyper)
+        return losses.total, {
+            "value_loss": losses.value.detach(),
+            "critic_loss": losses.critic.detach(),
+            "actor_loss": losses.actor.detach(),
+            "advantage": losses.advantage,
+            "q_data": losses.q_data,
+        }
+
+    def _schedule(self, step: int, hyper: Hyper) -> dict[str, Any]:
+        rate = cosine_rate(hyper["actor_learning_rate"], step, self.config.actor_lr_decay_steps)
+        return {"actor_learning_rate": rate}
 
     # -- inference -----------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from offaug.algorithms.base import Spaces, weighted_mean
 from offaug.algorithms.batch import TorchBatch
+from offaug.algorithms.fusing import Hyper
 from offaug.algorithms.networks import CriticEnsemble, DeterministicActor, EnsembleLinear
 from offaug.algorithms.td3bc import TD3BC, q_normaliser
 
@@ -137,6 +138,16 @@ class ReBRAC(TD3BC):
 
     name = "rebrac"
     uses_next_actions = True
+    fused_hyperparameters = (
+        "actor_learning_rate",
+        "critic_learning_rate",
+        "gamma",
+        "tau",
+        "policy_noise",
+        "noise_clip",
+        "actor_bc_coef",
+        "critic_bc_coef",
+    )
 
     def __init__(
         self, spaces: Spaces, config: ReBRACConfig | None = None, *, device: str | None = None
@@ -168,7 +179,7 @@ class ReBRAC(TD3BC):
         return critic
 
     def _next_values(
-        self, next_obs: torch.Tensor, next_actions: torch.Tensor, batch: TorchBatch
+        self, next_obs: torch.Tensor, next_actions: torch.Tensor, batch: TorchBatch, hyper: Hyper
     ) -> torch.Tensor:
         if batch.next_actions is None:
             raise ValueError(
@@ -177,9 +188,7 @@ class ReBRAC(TD3BC):
             )
         dataset_next = self.normaliser(batch.next_actions)
         q_next = self.critic_target(next_obs, next_actions)  # (E, B)
-        return penalised_next_values(
-            q_next, next_actions, dataset_next, self.rebrac_config.critic_bc_coef
-        )
+        return penalised_next_values(q_next, next_actions, dataset_next, hyper["critic_bc_coef"])
 
     def _actor_losses(
         self,
@@ -187,9 +196,14 @@ class ReBRAC(TD3BC):
         policy_actions: torch.Tensor,
         actions: torch.Tensor,
         weights: torch.Tensor,
+        hyper: Hyper,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.rebrac_config
         q_policy = self.critic(obs, policy_actions)  # (E, B): ReBRAC takes their minimum
         return rebrac_actor_loss(
-            q_policy, policy_actions, actions, cfg.actor_bc_coef, cfg.normalise_q, weights
+            q_policy,
+            policy_actions,
+            actions,
+            hyper["actor_bc_coef"],
+            self.rebrac_config.normalise_q,
+            weights,
         )

@@ -39,6 +39,7 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.distributions import ActionNormaliser
+from offaug.algorithms.fusing import FusedSpec, Hyper, OptimizerSpec, Phase, Randn
 from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.networks import CriticEnsemble, DeterministicActor
 from offaug.algorithms.statistics import ObservationNormaliser, observation_moments
@@ -152,6 +153,16 @@ class TD3BC:
     name = "td3bc"
     uses_next_actions = False
     """Whether batches must carry ``next_actions`` (``MixtureSampler(next_actions=True)``)."""
+    fused_hyperparameters: tuple[str, ...] = (
+        "actor_learning_rate",
+        "critic_learning_rate",
+        "gamma",
+        "tau",
+        "policy_noise",
+        "noise_clip",
+        "alpha",
+    )
+    """Config fields that may differ between the members of a fused run."""
 
     def __init__(
         self, spaces: Spaces, config: TD3BCConfig | None = None, *, device: str | None = None
@@ -197,8 +208,16 @@ class TD3BC:
 
     # -- one step ------------------------------------------------------------------------------
 
+    def hyperparameters(self) -> dict[str, float]:
+        """The values of :attr:`fused_hyperparameters` that the losses read."""
+        return {name: float(getattr(self.config, name)) for name in self.fused_hyperparameters}
+
+    def draw_noise(self, batch_size: int, randn: Randn) -> dict[str, torch.Tensor]:
+        """The step's random draws: the target policy smoothing noise ``(B, A)``."""
+        return {"target": randn((batch_size, self.spaces.action_dim))}
+
     def _next_values(
-        self, next_obs: torch.Tensor, next_actions: torch.Tensor, batch: TorchBatch
+        self, next_obs: torch.Tensor, next_actions: torch.Tensor, batch: TorchBatch, hyper: Hyper
     ) -> torch.Tensor:
         """``min_e Q_target_e(s', a')`` of the smoothed target actions: ``(B,)``."""
         return self.critic_target(next_obs, next_actions).min(0).values
@@ -209,49 +228,105 @@ class TD3BC:
         policy_actions: torch.Tensor,
         actions: torch.Tensor,
         weights: torch.Tensor,
+        hyper: Hyper,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's loss and its behaviour-cloning part, scored by the first critic."""
         q_policy = self.critic.member(0, obs, policy_actions)  # (B,)
-        return td3bc_actor_loss(q_policy, policy_actions, actions, self.alpha, weights)
+        return td3bc_actor_loss(q_policy, policy_actions, actions, hyper["alpha"], weights)
 
-    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
-        """One critic step; on every ``policy_freq``-th step also an actor and target step."""
-        cfg = self.config
+    def critic_loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critics' TD loss against the clipped double-Q target of smoothed target actions."""
         obs = self.observation_normaliser(batch.observations)
         next_obs = self.observation_normaliser(batch.next_observations)
         actions = self.normaliser(batch.actions)  # (B, A) in [-1, 1]
         with torch.no_grad():
             target_actions = self.actor_target(next_obs)
             next_actions = smoothed_actions(
-                target_actions, torch.randn_like(target_actions), cfg.policy_noise, cfg.noise_clip
+                target_actions, noise["target"], hyper["policy_noise"], hyper["noise_clip"]
             )
-            next_values = self._next_values(next_obs, next_actions, batch)
-            target = td_target(batch.rewards, batch.terminals, next_values, cfg.gamma)
+            next_values = self._next_values(next_obs, next_actions, batch, hyper)
+            target = td_target(batch.rewards, batch.terminals, next_values, hyper["gamma"])
         q_data = self.critic(obs, actions)  # (E, B)
-        critic_loss = ensemble_td_loss(q_data, target, batch.weights)
+        loss = ensemble_td_loss(q_data, target, batch.weights)
+        return loss, {"critic_loss": loss.detach(), "q_data": q_data.detach().mean()}
+
+    def actor_loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The actor's loss (the critics' parameters must take no gradient from it)."""
+        obs = self.observation_normaliser(batch.observations)
+        actions = self.normaliser(batch.actions)
+        policy_actions = self.actor(obs)
+        loss, bc_loss = self._actor_losses(obs, policy_actions, actions, batch.weights, hyper)
+        return loss, {"actor_loss": loss.detach(), "bc_loss": bc_loss.detach()}
+
+    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
+        """One critic step; on every ``policy_freq``-th step also an actor and target step."""
+        cfg = self.config
+        hyper = self.hyperparameters()
+        noise = self.draw_noise(len(batch.rewards), self._randn)
+        critic_loss, critic_metrics = self.critic_loss(batch, noise, hyper)
         self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optimizer.step()
 
         if self.steps % cfg.policy_freq == 0:
-            policy_actions = self.actor(obs)
             # The critics score the actor's actions without recording gradients for their own
             # weights: the graph is built while they do not require grad.
             self.critic.requires_grad_(False)
-            actor_loss, bc_loss = self._actor_losses(obs, policy_actions, actions, batch.weights)
+            actor_loss, self._actor_metrics = self.actor_loss(batch, noise, hyper)
             self.critic.requires_grad_(True)
             self.actor_optimizer.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_optimizer.step()
             soft_update(self.critic_target, self.critic, cfg.tau)
             soft_update(self.actor_target, self.actor, cfg.tau)
-            self._actor_metrics = {"actor_loss": actor_loss.detach(), "bc_loss": bc_loss.detach()}
         self.steps += 1
         return {
-            "critic_loss": critic_loss.detach(),
+            "critic_loss": critic_metrics["critic_loss"],
             **self._actor_metrics,
-            "q_data": q_data.detach().mean(),
+            "q_data": critic_metrics["q_data"],
         }
+
+    def _randn(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(shape, device=self.device)
+
+    def fused_spec(self) -> FusedSpec:
+        """The update as a critic phase and an actor phase (see :mod:`offaug.algorithms.fusing`)."""
+        return FusedSpec(
+            modules={
+                "actor": self.actor,
+                "actor_target": self.actor_target,
+                "critic": self.critic,
+                "critic_target": self.critic_target,
+                "observation_normaliser": self.observation_normaliser,
+                "normaliser": self.normaliser,
+            },
+            optimizers={
+                "critic": OptimizerSpec(self.critic_optimizer, "critic", "critic_learning_rate"),
+                "actor": OptimizerSpec(self.actor_optimizer, "actor", "actor_learning_rate"),
+            },
+            targets={"critic_target": "critic", "actor_target": "actor"},
+            phases=(
+                Phase(self.critic_loss, ("critic",)),
+                Phase(
+                    self.actor_loss,
+                    ("actor",),
+                    every=self.config.policy_freq,
+                    targets=("critic_target", "actor_target"),
+                ),
+            ),
+            hyperparameters=self.hyperparameters(),
+            metrics=("critic_loss", "actor_loss", "bc_loss", "q_data"),
+            noise=self.draw_noise,
+            carried=self._actor_metrics,
+            restore=self._restore_actor_metrics,
+        )
+
+    def _restore_actor_metrics(self, metrics: Mapping[str, torch.Tensor]) -> None:
+        self._actor_metrics = {name: metrics[name].to(self.device) for name in self._actor_metrics}
 
     # -- inference -----------------------------------------------------------------------------
 

@@ -89,6 +89,9 @@ class TrainOptions:
     compile: bool = False
     """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss, after a few
     seconds of compiling; see ``benchmarks/RESULTS.md``); other learners train as without it."""
+    seeds: tuple[int, ...] | None = None
+    """Several seeds trained together as one fused run (:func:`offaug.algorithms.train_fused.
+    train_fused`, each into its own run directory); ``seed`` is then unused."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +143,8 @@ def train(
         on_progress: Called with (step, latest metrics) at every log interval.
     """
     options = options or TrainOptions()
+    if options.seeds is not None:
+        raise ValueError("several seeds train with offaug.algorithms.train_fused.train_fused")
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_torch(options.threads)
@@ -352,12 +357,14 @@ def _checkpoint(
     spaces: Spaces,
     step: int,
     run_dir: Path,
+    torch_rng: torch.Tensor | None = None,
 ) -> None:
     extra: dict[str, Any] = {
         "step": step,
         "sampler_rng": sampler.rng_state(),
     }
-    state = {**trainer.state_dict(), "torch_rng": torch.get_rng_state()}
+    rng = torch.get_rng_state() if torch_rng is None else torch_rng
+    state = {**trainer.state_dict(), "torch_rng": rng}
     if prepare.usage is not None:
         extra["weight_usage"] = prepare.usage.run_totals
     if prepare.noiser is not None:

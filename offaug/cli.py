@@ -64,6 +64,12 @@ def train_command(
     ] = None,
     steps: Annotated[int, typer.Option(help="Gradient steps in total.")] = 10_000,
     seed: Annotated[int, typer.Option(help="Seed of init, sampling, evaluation.")] = 0,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="Several seeds trained together in one process, e.g. 0,1,2 (OUT/seed_N each)."
+        ),
+    ] = None,
     mixing: Annotated[
         str | None, typer.Option(help="Share of each source per batch, e.g. 0.5,0.5.")
     ] = None,
@@ -126,9 +132,14 @@ def train_command(
         mixing_values = tuple(float(x) for x in mixing.split(",")) if mixing else None
     except ValueError:
         fail(f"--mixing {mixing!r}: numbers like 0.5,0.5")
+    try:
+        seed_values = tuple(int(x) for x in seeds.split(",")) if seeds else None
+    except ValueError:
+        fail(f"--seeds {seeds!r}: integers like 0,1,2")
     options = TrainOptions(
         steps=steps,
         seed=seed,
+        seeds=seed_values,
         mixing=mixing_values,
         weighting=chosen.value,
         state_noise=noise,
@@ -141,6 +152,9 @@ def train_command(
         threads=threads,
         compile=compile,
     )
+    if seed_values is not None:
+        _train_seeds(algorithm, sources, out, overrides, options, resume)
+        return
     with _TrainingProgress(algorithm, steps, out) as progress:
         # ValueError: a config field the learner does not have, or a learner that does not fit
         # the data's action space.
@@ -165,6 +179,43 @@ def train_command(
         )
         console.print(f"final return {evaluation.mean_return:.1f}{score}")
     console.print(f"checkpoint: {result.checkpoint}")
+
+
+def _train_seeds(
+    algorithm: str,
+    sources: list[str],
+    out: Path,
+    overrides: dict[str, Any],
+    options: Any,
+    resume: bool,
+) -> None:
+    """``offaug train --seeds``: the seeds fused in one process, OUT/seed_N each."""
+    from offaug.algorithms.train_fused import train_fused
+
+    assert options.seeds is not None
+    with _TrainingProgress(algorithm, options.steps, out) as progress:
+        # ValueError: as for one seed, or a learner that does not train fused, a list for a
+        # config field that must be one value, or --compile where it would compile.
+        result = guard(
+            lambda: train_fused(
+                algorithm,
+                sources,
+                out,
+                config=overrides,
+                options=options,
+                resume=resume,
+                on_progress=progress.update,
+            ),
+            ValueError,
+        )
+    for seed, run in zip(options.seeds, result.runs, strict=True):
+        evaluation = run.last_evaluation
+        line = f"seed {seed}: checkpoint {run.checkpoint}"
+        if evaluation is not None:
+            line += f", final return {evaluation.mean_return:.1f}"
+        console.print(line)
+    if result.frozen:
+        console.print(f"stopped (a loss turned NaN or infinite): seeds {result.frozen}")
 
 
 class _TrainingProgress:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from offaug.datasets.atomic import replace_directory, write_json_atomic
+from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomic
 from offaug.datasets.errors import DatasetNotFoundError
 from offaug.datasets.generate import make_dataset
 from offaug.datasets.publish import publish_dataset
@@ -185,8 +185,86 @@ def train_offline(
     nor state noise; ``plain=False`` gives the original data alone ``train_config``'s state
     noise (an S4RL arm without rollouts).
     """
+    from offaug.algorithms.train import train  # imports torch: see the top
+
+    sources, options = _train_inputs(
+        data, augmented, train_config, evaluation, seed, threads, plain=plain
+    )
+    config = dict(train_config.configs.get(algorithm, {}))
+    final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
+    return _model_ref(
+        _model_name(algorithm, augmented), final / "checkpoint.pt", _run_metrics(final, options)
+    )
+
+
+def train_offline_fused(
+    algorithm: str,
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    outs: list[str],
+    seeds: list[int],
+    threads: int | None = None,
+    *,
+    plain: bool | None = None,
+) -> list[ModelRef]:
+    """:func:`train_offline` for several seeds at once, as one fused run; one record per seed.
+
+    ``outs[k]`` receives what :func:`train_offline` with ``seeds[k]`` writes to its ``out``, and
+    the records are those it returns (the numbers agree to float32 rounding).
+    """
+    from offaug.algorithms.train_fused import train_fused  # imports torch: see the top
+
+    sources, options = _train_inputs(
+        data, augmented, train_config, evaluation, seeds[0], threads, plain=plain
+    )
+    options = dataclasses.replace(options, seeds=tuple(seeds))
+    config = dict(train_config.configs.get(algorithm, {}))
+    finals = [Path(o) for o in outs]
+    stagings = [tmp_name(f) for f in finals]
+    try:
+        train_fused(algorithm, sources, stagings, config=config, options=options)
+        for staging, final in zip(stagings, finals, strict=True):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            replace_directory(staging, final)
+    except BaseException:
+        for staging in stagings:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    name = _model_name(algorithm, augmented)
+    return [_model_ref(name, f / "checkpoint.pt", _run_metrics(f, options)) for f in finals]
+
+
+def _model_name(algorithm: str, augmented: AugmentedRef | None) -> str:
+    return f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
+
+
+def _run_metrics(run_dir: Path, options: Any) -> dict[str, Any]:
+    """A finished run's last metrics, with how its augmented rows were weighted and noised."""
+    metrics = _last_metrics(run_dir)
+    metrics["weighting"] = options.weighting
+    # ESS/N of the weights the losses used, over every weighted row of the run.
+    metrics["weight_ess_fraction"] = metrics["train"].get("weight_ess_fraction_run")
+    metrics["state_noise"] = (
+        dataclasses.asdict(options.state_noise) if options.state_noise is not None else None
+    )
+    return metrics
+
+
+def _train_inputs(
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    seed: int,
+    threads: int | None,
+    *,
+    plain: bool | None = None,
+) -> tuple[list[Any], Any]:
+    """The sources and :class:`~offaug.algorithms.train.TrainOptions` of a training stage."""
     from offaug.algorithms.state_noise import StateNoise  # imports torch: see the top
-    from offaug.algorithms.train import TrainOptions, train
+    from offaug.algorithms.train import TrainOptions
 
     plain = augmented is None if plain is None else plain
     sources: list[Any] = [data.source]
@@ -210,17 +288,7 @@ def train_offline(
         threads=threads,
         compile=train_config.compile,
     )
-    config = dict(train_config.configs.get(algorithm, {}))
-    final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
-    name = f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
-    metrics = _last_metrics(final)
-    metrics["weighting"] = options.weighting
-    # ESS/N of the weights the losses used, over every weighted row of the run.
-    metrics["weight_ess_fraction"] = metrics["train"].get("weight_ess_fraction_run")
-    metrics["state_noise"] = (
-        dataclasses.asdict(options.state_noise) if options.state_noise is not None else None
-    )
-    return _model_ref(name, final / "checkpoint.pt", metrics)
+    return sources, options
 
 
 def diagnose_policy_stage(

@@ -272,6 +272,14 @@ class TrainModel(_Strict):
             " others train as without it)."
         ),
     )
+    fuse_seeds: bool = Field(
+        True,
+        description=(
+            "With several seeds, train each learner's seeds together as one batched network in"
+            " one stage (learners that cannot train fused get one stage per seed); false: one"
+            " stage per seed, spread over the cluster. The outputs are the same either way."
+        ),
+    )
 
     @field_validator("configs")
     @classmethod

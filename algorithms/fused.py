@@ -1,0 +1,363 @@
+"""K independent learners trained in one process as one batched network.
+
+:class:`FusedTrainer` takes K trainers of one learner, built exactly as K single-seed runs build
+them (each from its own seed, so with the same initial parameters), and trains them together:
+every module's parameters and buffers are stacked along a leading member axis, the learner's own
+loss code (its :class:`~offaug.algorithms.fusing.FusedSpec`'s phases) runs once for all members
+under ``torch.func.vmap`` + ``torch.func.functional_call``, one backward pass of the summed
+losses gives every member its own gradient (their parameters are disjoint), and one Adam step
+over the stacked tensors, with a learning rate per member, moves them all.
+
+Each optimiser's parameters live end to end in one flat buffer (``(P,)``, every parameter's
+``(K, ...)`` block contiguous), so an Adam step or a Polyak update is a handful of element-wise
+operations whatever the network's depth. Random draws come from one generator per member, each
+continuing the stream its single-seed run would draw from, so member ``k`` sees the noise that
+run sees. A member whose loss turns NaN or infinite is frozen: from that step on its parameters,
+moments and targets stop changing (:attr:`FusedTrainer.frozen` names them) and the others go on.
+
+Batched and single matrix multiplies round differently, so a member agrees with its single-seed
+run to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from offaug.algorithms.base import Trainer
+from offaug.algorithms.batch import TorchBatch
+from offaug.algorithms.fusing import FusedSpec, Phase
+
+
+class _Flat:
+    """One module's parameters in all K members: a ``(K, P)`` buffer, member ``k``'s in row ``k``.
+
+    Per-member scalars (learning rates, Polyak rates, the frozen mask) broadcast as ``(K, 1)``.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], device: torch.device) -> None:
+        named = [dict(m.named_parameters()) for m in modules]
+        self.names = list(named[0])
+        self.flat = torch.stack(
+            [torch.cat([p[name].detach().reshape(-1) for name in self.names]) for p in named]
+        ).to(device)
+        self.shapes = {name: (len(modules), *named[0][name].shape) for name in self.names}
+        self.slices: dict[str, slice] = {}
+        offset = 0
+        for name in self.names:
+            size = named[0][name].numel()
+            self.slices[name] = slice(offset, offset + size)
+            offset += size
+        self.views = self.split(self.flat)
+        # Leaves that share the buffer's storage: autograd differentiates them, updates of the
+        # buffer (in place, without a gradient) show through them.
+        self.leaves = {
+            name: view.detach().requires_grad_(True) for name, view in self.views.items()
+        }
+
+    def split(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each parameter's ``(K, ...)`` view of a ``(K, P)`` buffer laid out as :attr:`flat`."""
+        return {name: buffer[:, self.slices[name]].view(self.shapes[name]) for name in self.names}
+
+    def join(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Per-parameter ``(K, ...)`` tensors (in :attr:`names` order) as one ``(K, P)``."""
+        return torch.cat([p.reshape(p.shape[0], -1) for p in parts], dim=1)
+
+    def write(self, module: nn.Module, member: int) -> None:
+        """Copy member ``member``'s parameters into ``module``."""
+        with torch.no_grad():
+            for name, parameter in module.named_parameters():
+                parameter.copy_(self.views[name][member])
+
+
+class _Adam:
+    """Adam over a :class:`_Flat` buffer: K optimisers at once, each with its own learning rate."""
+
+    def __init__(
+        self,
+        group: _Flat,
+        optimizers: Sequence[torch.optim.Optimizer],
+        modules: Sequence[nn.Module],
+    ) -> None:
+        settings = optimizers[0].param_groups[0]
+        self.beta1, self.beta2 = (float(b) for b in settings["betas"])
+        self.eps = float(settings["eps"])
+        self.group = group
+        self.exp_avg = torch.zeros_like(group.flat)
+        self.exp_avg_sq = torch.zeros_like(group.flat)
+        self.steps = torch.zeros(len(modules), 1, dtype=torch.float64, device=group.flat.device)
+        self._moments = (group.split(self.exp_avg), group.split(self.exp_avg_sq))
+        # A resumed member's optimiser state (torch's Adam layout) continues here.
+        for k, (optimizer, module) in enumerate(zip(optimizers, modules, strict=True)):
+            for name, parameter in module.named_parameters():
+                state = optimizer.state.get(parameter)
+                if state:
+                    self._moments[0][name][k].copy_(state["exp_avg"])
+                    self._moments[1][name][k].copy_(state["exp_avg_sq"])
+                    self.steps[k] = float(state["step"])
+
+    @torch.no_grad()
+    def step(
+        self, grad: torch.Tensor, lr: torch.Tensor, active: torch.Tensor, all_active: bool
+    ) -> None:
+        """One Adam step of the members where ``active`` (``(K, 1)`` bool); the others stay.
+
+        ``all_active`` (known without a device sync) takes the in-place path.
+        """
+        self.steps = self.steps + active
+        # Bias corrections in float64, as torch's Adam takes them on the host.
+        dtype = self.group.flat.dtype
+        step_size = (lr[:, None] / (1.0 - self.beta1**self.steps)).to(dtype)
+        correction = (1.0 - self.beta2**self.steps).sqrt().to(dtype)
+        flat, exp_avg, exp_avg_sq = self.group.flat, self.exp_avg, self.exp_avg_sq
+        if all_active:
+            exp_avg.lerp_(grad, 1.0 - self.beta1)
+            exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1.0 - self.beta2)
+            denom = exp_avg_sq.sqrt().div_(correction).add_(self.eps)
+            flat.addcdiv_(exp_avg * step_size, denom, value=-1.0)
+            return
+        new_avg = torch.lerp(exp_avg, grad, 1.0 - self.beta1)
+        new_sq = (exp_avg_sq * self.beta2).addcmul_(grad, grad, value=1.0 - self.beta2)
+        denom = (new_sq.sqrt() / correction).add_(self.eps)
+        updated = torch.addcdiv(flat, new_avg * step_size, denom, value=-1.0)
+        flat.copy_(torch.where(active, updated, flat))
+        exp_avg.copy_(torch.where(active, new_avg, exp_avg))
+        exp_avg_sq.copy_(torch.where(active, new_sq, exp_avg_sq))
+
+    def write(self, optimizer: torch.optim.Optimizer, module: nn.Module, member: int) -> None:
+        """Member ``member``'s moments into ``optimizer``'s state, in torch's Adam layout."""
+        for name, parameter in module.named_parameters():
+            optimizer.state[parameter] = {
+                "step": self.steps[member, 0].detach().float().cpu(),
+                "exp_avg": self._moments[0][name][member].clone(),
+                "exp_avg_sq": self._moments[1][name][member].clone(),
+            }
+
+
+class _Members(nn.Module):
+    """The template learner's modules under one root, for ``functional_call``."""
+
+    def __init__(self, modules: Mapping[str, nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict(dict(modules))
+
+    def forward(self, phase: Phase, batch: TorchBatch, noise: Any, hyper: Any) -> Any:
+        return phase.loss(batch, noise, hyper)
+
+
+class FusedTrainer:
+    """K trainers of one learner trained as one batched network.
+
+    Args:
+        trainers: The members, built (and prepared on their data) as single-seed runs build
+            them; their configs may differ only in the learner's ``fused_hyperparameters``.
+        generators: Each member's torch generator, continuing the stream its single-seed run
+            draws noise from (see :func:`member_generator`).
+        seeds: Each member's seed, to name frozen members by.
+    """
+
+    def __init__(
+        self,
+        trainers: Sequence[Trainer],
+        generators: Sequence[torch.Generator],
+        seeds: Sequence[int],
+    ) -> None:
+        if not trainers or len({len(trainers), len(generators), len(seeds)}) != 1:
+            raise ValueError("one generator and one seed per trainer, at least one trainer")
+        self.trainers = list(trainers)
+        self.generators = list(generators)
+        self.seeds = list(seeds)
+        self.members = len(trainers)
+        specs: list[FusedSpec] = [_spec(t) for t in trainers]
+        self.spec = spec = specs[0]
+        self.device: torch.device = getattr(trainers[0], "device", torch.device("cpu"))
+        device = self.device
+        parametrised = {*spec.targets, *(o.module for o in spec.optimizers.values())}
+        self.flats = {
+            name: _Flat([s.modules[name] for s in specs], device) for name in sorted(parametrised)
+        }
+        self.buffers: dict[str, torch.Tensor] = {}
+        for name in spec.modules:
+            for key, _ in spec.modules[name].named_buffers():
+                values = [dict(s.modules[name].named_buffers())[key] for s in specs]
+                self.buffers[f"parts.{name}.{key}"] = torch.stack(values).to(device)
+            if name not in parametrised and any(True for _ in spec.modules[name].parameters()):
+                raise ValueError(f"module {name!r} has parameters but no optimiser or source")
+        self.adams = {
+            name: _Adam(
+                self.flats[o.module],
+                [s.optimizers[name].optimizer for s in specs],
+                [s.modules[o.module] for s in specs],
+            )
+            for name, o in spec.optimizers.items()
+        }
+        self.hyper = {
+            name: torch.tensor([s.hyperparameters[name] for s in specs], device=device)
+            for name in spec.hyperparameters
+        }
+        self._hyper_values = [dict(s.hyperparameters) for s in specs]
+        self.carried = {
+            name: torch.stack([s.carried[name] for s in specs]).to(device) for name in spec.carried
+        }
+        self.active = torch.ones(self.members, dtype=torch.bool, device=device)
+        self.steps = int(getattr(trainers[0], "steps", 0))
+        self.member_steps = torch.full((self.members,), self.steps, device=device)
+        self._container = _Members(spec.modules)
+        self._inputs = [self._phase_inputs(phase) for phase in spec.phases]
+
+    def _phase_inputs(self, phase: Phase) -> dict[str, torch.Tensor]:
+        trained = {self.spec.optimizers[o].module for o in phase.optimizers}
+        tensors = dict(self.buffers)
+        for module, flat in self.flats.items():
+            source = flat.leaves if module in trained else flat.views
+            tensors.update({f"parts.{module}.{name}": t for name, t in source.items()})
+        return tensors
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def update(self, batches: TorchBatch | Sequence[TorchBatch]) -> dict[str, torch.Tensor]:
+        """One step of every member on its own batch; metrics ``(K,)`` each, detached.
+
+        ``batches``: one batch per member, or their fields stacked along a leading member axis.
+        """
+        batch = batches if isinstance(batches, TorchBatch) else stack_batches(batches)
+        fields = {k: v for k, v in vars(batch).items() if v is not None}
+        hyper: dict[str, Any] = dict(self.hyper)
+        if self.spec.schedule is not None:
+            hyper.update(self.spec.schedule(self.steps, hyper))
+        noise = self._draw(int(batch.rewards.shape[1]))
+        metrics: dict[str, torch.Tensor] = dict(self.carried)
+        for phase, tensors in zip(self.spec.phases, self._inputs, strict=True):
+            if self.steps % phase.every:
+                continue
+            loss, phase_metrics = vmap(self._member_loss(phase), randomness="error")(
+                tensors, fields, noise, hyper
+            )
+            metrics.update(phase_metrics)
+            self.active = self.active & torch.isfinite(loss)
+            self._step(phase, tensors, loss, hyper)
+            for name in self.carried.keys() & phase_metrics.keys():
+                self.carried[name] = phase_metrics[name]
+        self.member_steps += self.active
+        self.steps += 1
+        return {name: metrics[name] for name in self.spec.metrics}
+
+    def _member_loss(self, phase: Phase) -> Any:
+        def member(
+            tensors: dict[str, torch.Tensor],
+            fields: dict[str, torch.Tensor],
+            noise: Any,
+            hyper: Any,
+        ) -> Any:
+            batch = TorchBatch(**fields)
+            return functional_call(self._container, tensors, (phase, batch, noise, hyper))
+
+        return member
+
+    def _step(
+        self, phase: Phase, tensors: dict[str, torch.Tensor], loss: torch.Tensor, hyper: Any
+    ) -> None:
+        groups = [self.flats[self.spec.optimizers[o].module] for o in phase.optimizers]
+        leaves = [leaf for group in groups for leaf in group.leaves.values()]
+        grads = torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
+        parts = [
+            torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)
+        ]
+        active = self.active[:, None]
+        # On the CPU the mask is read for free; elsewhere the masked path avoids a device sync.
+        all_active = self.device.type == "cpu" and bool(self.active.all())
+        start = 0
+        for name, group in zip(phase.optimizers, groups, strict=True):
+            count = len(group.names)
+            grad = group.join(parts[start : start + count])
+            start += count
+            lr = hyper[self.spec.optimizers[name].learning_rate]
+            self.adams[name].step(grad, lr, active, all_active)
+        with torch.no_grad():
+            for target in phase.targets:
+                weight = (hyper[self.spec.tau] * self.active)[:, None]
+                self.flats[target].flat.lerp_(self.flats[self.spec.targets[target]].flat, weight)
+
+    def _draw(self, batch_size: int) -> dict[str, torch.Tensor]:
+        if self.spec.noise is None:
+            return {}
+        device = self.device
+        draws = []
+        for generator in self.generators:
+
+            def randn(
+                shape: tuple[int, ...], generator: torch.Generator = generator
+            ) -> torch.Tensor:
+                return torch.randn(shape, generator=generator, device=generator.device).to(device)
+
+            draws.append(self.spec.noise(batch_size, randn))
+        return {name: torch.stack([d[name] for d in draws]) for name in draws[0]}
+
+    # -- members -------------------------------------------------------------------------------
+
+    @property
+    def frozen(self) -> list[int]:
+        """Seeds of the members stopped because a loss turned NaN or infinite."""
+        return [seed for seed, on in zip(self.seeds, self.active.tolist(), strict=True) if not on]
+
+    def member(self, index: int) -> Trainer:
+        """Member ``index`` as a single-seed trainer (its networks, optimisers and counters)."""
+        trainer, spec = self.trainers[index], _spec(self.trainers[index])
+        for name, flat in self.flats.items():
+            flat.write(spec.modules[name], index)
+        with torch.no_grad():
+            for name, module in spec.modules.items():
+                for key, buffer in module.named_buffers():
+                    buffer.copy_(self.buffers[f"parts.{name}.{key}"][index])
+        hyper: dict[str, Any] = dict(self._hyper_values[index])
+        if self.spec.schedule is not None and self.steps:
+            # The rate the member's optimiser last stepped with, as the learner's update leaves it.
+            hyper.update(self.spec.schedule(self.steps - 1, hyper))
+        for name, option in spec.optimizers.items():
+            self.adams[name].write(option.optimizer, spec.modules[option.module], index)
+            for group in option.optimizer.param_groups:
+                group["lr"] = float(hyper[option.learning_rate])
+        if hasattr(trainer, "steps"):
+            trainer.steps = int(self.member_steps[index])
+        if spec.restore is not None:
+            spec.restore({name: value[index].clone() for name, value in self.carried.items()})
+        return trainer
+
+    def member_state_dict(self, index: int) -> dict[str, Any]:
+        """What member ``index``'s single-seed trainer's ``state_dict`` would be."""
+        state: dict[str, Any] = self.member(index).state_dict()
+        return state
+
+
+def _spec(trainer: Trainer) -> FusedSpec:
+    make = getattr(trainer, "fused_spec", None)
+    if not callable(make):
+        raise ValueError(f"{type(trainer).__name__} does not train fused")
+    spec: FusedSpec = make()
+    return spec
+
+
+def stack_batches(batches: Sequence[TorchBatch]) -> TorchBatch:
+    """Member batches stacked along a leading axis: ``K x (B, ...) -> (K, B, ...)``."""
+    fields: dict[str, Any] = {}
+    for name, value in vars(batches[0]).items():
+        fields[name] = None if value is None else torch.stack([vars(b)[name] for b in batches])
+    return TorchBatch(**fields)
+
+
+def member_generator(seed: int, device: torch.device) -> torch.Generator:
+    """The generator a single-seed run draws its training noise from, as of now.
+
+    Call it right after building and preparing that member (which draw from the global
+    generator): on the CPU it continues the global stream; on another device the run draws from
+    that device's generator, which :func:`~offaug.algorithms.base.seed_everything` seeded.
+    """
+    if device.type == "cpu":
+        generator = torch.Generator()
+        generator.set_state(torch.get_rng_state())
+        return generator
+    return torch.Generator(device=device).manual_seed(seed)

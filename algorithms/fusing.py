@@ -1,0 +1,94 @@
+"""How a learner describes its update so that K copies of it can train as one batched network.
+
+A learner that trains fused (:class:`offaug.algorithms.fused.FusedTrainer`) exposes
+``fused_spec() -> FusedSpec``: its modules, its optimisers, its target networks and its update
+as a sequence of :class:`Phase` s, each a loss that is a pure function of the modules'
+parameters, a batch, the step's random draws and the hyperparameters. The same loss methods
+serve the learner's own ``update``, which calls them with its config's floats and draws its
+noise from the global torch generator; fused, they run once for all members under
+``torch.func.vmap`` with each member's parameters, batch, draws and hyperparameters (``(K,)``
+tensors where the members differ).
+
+A loss must therefore not draw random numbers itself (it takes them from ``noise``), must read
+every hyperparameter that may differ between members from ``hyper``, and must not toggle
+``requires_grad`` (the fused trainer passes the parameters of modules a phase does not train
+without a gradient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from offaug.algorithms.batch import TorchBatch
+
+Hyper = Mapping[str, Any]
+"""Hyperparameters a loss reads: floats in a single run, 0-d tensors inside the fused ``vmap``."""
+
+Randn = Callable[[tuple[int, ...]], torch.Tensor]
+"""Draws standard normal noise of a shape (from the global generator, or a member's own)."""
+
+PhaseLoss = Callable[
+    [TorchBatch, Mapping[str, torch.Tensor], Hyper], tuple[torch.Tensor, dict[str, torch.Tensor]]
+]
+"""``(batch, noise, hyper) -> (scalar loss, detached scalar metrics)``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One gradient step of some of a learner's optimisers, then Polyak updates of targets."""
+
+    loss: PhaseLoss
+    """The loss whose gradient the phase's optimisers follow (their modules' parameters only)."""
+    optimizers: tuple[str, ...]
+    """Names in :attr:`FusedSpec.optimizers` stepped on this loss."""
+    every: int = 1
+    """The phase runs on the steps ``s`` (counted from 0) with ``s % every == 0``."""
+    targets: tuple[str, ...] = ()
+    """Target modules (keys of :attr:`FusedSpec.targets`) averaged towards their sources after."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    """An Adam optimiser of one module, and the hyperparameter that is its learning rate."""
+
+    optimizer: torch.optim.Optimizer
+    module: str
+    """Key in :attr:`FusedSpec.modules` of the module whose parameters it steps."""
+    learning_rate: str
+    """Key in :attr:`FusedSpec.hyperparameters` holding its learning rate."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedSpec:
+    """Everything a fused trainer needs to run one learner's update for K members at once."""
+
+    modules: Mapping[str, nn.Module]
+    """Every module a loss reads: trained ones, targets and normalisers (buffers)."""
+    optimizers: Mapping[str, OptimizerSpec]
+    targets: Mapping[str, str]
+    """Target module -> the module it follows (same architecture), by Polyak rate ``tau``."""
+    phases: tuple[Phase, ...]
+    hyperparameters: Mapping[str, float]
+    """The values of the learner's :attr:`fused_hyperparameters` (and data statistics)."""
+    metrics: tuple[str, ...]
+    """Metric names in the order the learner's ``update`` reports them."""
+    noise: Callable[[int, Randn], dict[str, torch.Tensor]] | None = None
+    """``(batch_size, randn) -> draws`` of one step, in the order the learner's update draws."""
+    carried: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """Metrics of phases that do not run every step, as the learner last reported them."""
+    schedule: Callable[[int, Hyper], dict[str, Any]] | None = None
+    """``(step, hyper) -> overridden hyperparameters`` of that step (learning-rate schedules)."""
+    tau: str = "tau"
+    """Key in :attr:`hyperparameters` of the Polyak rate."""
+    restore: Callable[[Mapping[str, torch.Tensor]], None] | None = None
+    """Sets the learner's carried metrics from the fused trainer's (``steps`` is set for it)."""
+
+
+def config_hyperparameters(config: Any, names: tuple[str, ...]) -> dict[str, float]:
+    """The fields ``names`` of a config dataclass as floats (a learner's ``hyper`` mapping)."""
+    return {name: float(getattr(config, name)) for name in names}

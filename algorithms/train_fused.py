@@ -1,0 +1,330 @@
+"""Several seeds of one learner trained together: ``offaug train ALGO SOURCE... --seeds 0,1,2``.
+
+Each member is built, prepared and sampled exactly as the single-seed run of its seed
+(:func:`offaug.algorithms.train.train`): its own initialisation, its own
+:class:`~offaug.datasets.sampler.MixtureSampler` stream, its own evaluation episodes. The members
+then train as one :class:`~offaug.algorithms.fused.FusedTrainer`, and each writes its own run
+directory in a single-seed run's format (config.json, metrics.jsonl, checkpoint.pt that
+:func:`~offaug.algorithms.train.load_trainer` loads), so every later stage reads a member as it
+reads any other run. ``config`` may give a list for a field of the learner's
+``fused_hyperparameters``, one value per seed (a small sweep trains fused too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from offaug.algorithms import registry
+from offaug.algorithms.base import (
+    Trainer,
+    config_to_json,
+    configure_torch,
+    seed_everything,
+    spaces_from_transitions,
+)
+from offaug.algorithms.batch import TorchBatch
+from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.algorithms.fused import FusedTrainer, member_generator
+from offaug.algorithms.train import (
+    TrainOptions,
+    TrainResult,
+    _BatchPreparation,
+    _checkpoint,
+    _load_source,
+    _meta_and_first,
+    _resume,
+    make_sampler,
+    trainer_device,
+)
+from offaug.datasets.atomic import write_json_atomic
+from offaug.datasets.sampler import Batch, MixtureSampler
+from offaug.datasets.shards import ShardSet
+from offaug.datasets.transitions import Transitions
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedResult:
+    """What a fused run left behind: one single-seed result per member."""
+
+    runs: list[TrainResult]
+    frozen: list[int]
+    """Seeds of the members stopped because a loss turned NaN or infinite."""
+
+
+def fusable(algorithm: str) -> bool:
+    """Whether learner ``algorithm`` trains fused (its trainer has ``fused_spec``)."""
+    spec = registry.ALGORITHMS[algorithm]
+    module = importlib.import_module(spec.module)
+    return hasattr(getattr(module, spec.trainer), "fused_spec")
+
+
+def member_configs(algorithm: str, config: Mapping[str, Any], members: int) -> list[dict[str, Any]]:
+    """Each member's config: a list given for a per-member field is split, one value each.
+
+    Raises:
+        ValueError: a list for a field that must be one value for all members (it changes
+            shapes or the update's structure), or a list of the wrong length.
+    """
+    spec = registry.ALGORITHMS[algorithm]
+    module = importlib.import_module(spec.module)
+    allowed: tuple[str, ...] = getattr(getattr(module, spec.trainer), "fused_hyperparameters", ())
+    types = {f.name: str(f.type) for f in dataclasses.fields(registry.config_type(algorithm))}
+    configs: list[dict[str, Any]] = [{} for _ in range(members)]
+    for name, value in config.items():
+        per_member = isinstance(value, list | tuple) and not types.get(name, "").startswith("tuple")
+        if not per_member:
+            for member in configs:
+                member[name] = value
+            continue
+        if name not in allowed:
+            raise ValueError(
+                f"{algorithm} config {name!r}: one value for all seeds; a list per seed is allowed"
+                f" for {', '.join(allowed)}"
+            )
+        if len(value) != members:
+            raise ValueError(
+                f"{algorithm} config {name!r}: {len(value)} values for {members} seeds"
+            )
+        for member, item in zip(configs, value, strict=True):
+            member[name] = item
+    return configs
+
+
+def train_fused(
+    algorithm: str,
+    sources: Sequence[str | os.PathLike[str] | Transitions | ShardSet],
+    out: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    config: Mapping[str, Any] | None = None,
+    options: TrainOptions | None = None,
+    resume: bool = False,
+    on_progress: Callable[[int, dict[str, float]], None] | None = None,
+) -> FusedResult:
+    """Train ``options.seeds`` of ``algorithm`` together; member ``k`` writes a run directory.
+
+    Args:
+        out: A directory (members go to ``out/seed_<seed>``) or one run directory per seed.
+        config: The learner's config fields; per-member fields may be lists, one per seed.
+        options: As for :func:`~offaug.algorithms.train.train`, with ``seeds`` set.
+        resume: Continue every member from its ``checkpoint.pt`` (all at the same step).
+        on_progress: Called with (step, the first running member's metrics) per log interval.
+
+    Raises:
+        ValueError: a learner that does not train fused, ``compile`` for a learner it would
+            compile, a bad per-member config, or members' checkpoints at different steps.
+    """
+    options = options or TrainOptions()
+    seeds = list(options.seeds or (options.seed,))
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must differ: {seeds}")
+    if not fusable(algorithm):
+        supported = [name for name in registry.ALGORITHMS if fusable(name)]
+        raise ValueError(f"{algorithm} does not train fused; these do: {', '.join(supported)}")
+    run_dirs = _run_dirs(out, seeds)
+    configs = member_configs(algorithm, config or {}, len(seeds))
+    configure_torch(options.threads)
+    datasets = [_load_source(s) for s in sources]
+    meta, first = _meta_and_first(datasets[0])
+    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    built = build_members(algorithm, datasets, seeds, configs, options, run_dirs, resume)
+    trainers, samplers, generators, preparations, start = (
+        built.trainers,
+        built.samplers,
+        built.generators,
+        built.preparations,
+        built.start,
+    )
+    fused = FusedTrainer(trainers, generators, seeds)
+    for k, (seed, run_dir) in enumerate(zip(seeds, run_dirs, strict=True)):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        member_options = dataclasses.replace(options, seed=seed, seeds=None)
+        write_json_atomic(
+            run_dir / "config.json",
+            {
+                "algorithm": algorithm,
+                "config": config_to_json(trainers[k].config),
+                "options": dataclasses.asdict(member_options),
+                "compiled": [],
+                "spaces": spaces.to_json(),
+                "sources": [
+                    str(s) if not isinstance(s, Transitions) else "<in-memory>" for s in sources
+                ],
+                # Trained in one process with these seeds (its numbers are this seed's own).
+                "fused_seeds": seeds,
+            },
+        )
+    scores = reference_scores(meta, options.env_id)
+    envs = [make_env(meta, options.env_id) for _ in seeds] if options.eval_every > 0 else []
+    last: list[EvaluationResult | None] = [None] * len(seeds)
+    device = fused.device
+    pending: list[dict[str, torch.Tensor]] = []
+    logs = [open(d / "metrics.jsonl", "a") for d in run_dirs]  # noqa: SIM115 - closed below
+    started = time.perf_counter()
+    try:
+        for step in range(start + 1, options.steps + 1):
+            batch = TorchBatch.from_batch(stack_numpy([s.sample() for s in samplers]), device)
+            pending.append(fused.update(batch))
+            if step % options.log_every == 0 or step == options.steps:
+                rate = (step - start) / (time.perf_counter() - started)
+                members = _member_means(pending, len(seeds))
+                pending.clear()
+                frozen = set(fused.frozen)
+                for seed, log, metrics in zip(seeds, logs, members, strict=True):
+                    line = {"step": step, "kind": "train", **metrics, "steps_per_s": rate}
+                    if seed in frozen:
+                        line["frozen"] = True
+                    _write(log, line)
+                if on_progress is not None:
+                    running = [m for s, m in zip(seeds, members, strict=True) if s not in frozen]
+                    on_progress(step, (running or members)[0] | {"steps_per_s": rate})
+            if envs and (step % options.eval_every == 0 or step == options.steps):
+                for k, (seed, env, log) in enumerate(zip(seeds, envs, logs, strict=True)):
+                    result = evaluate(
+                        fused.member(k).act,
+                        env,
+                        episodes=options.eval_episodes,
+                        seed=seed + 10_000,
+                        scores=scores,
+                    )
+                    last[k] = result
+                    _write(log, _evaluation_line(step, result))
+            if step % options.checkpoint_every == 0 or step == options.steps:
+                for k, run_dir in enumerate(run_dirs):
+                    member = fused.member(k)
+                    rng = generators[k].get_state() if generators[k].device.type == "cpu" else None
+                    _checkpoint(
+                        member,
+                        samplers[k],
+                        preparations[k],
+                        algorithm,
+                        member.config,
+                        spaces,
+                        step,
+                        run_dir,
+                        rng,
+                    )
+    finally:
+        for log in logs:
+            log.close()
+        for env in envs:
+            env.close()
+    runs = [
+        TrainResult(d, options.steps, result, d / "checkpoint.pt")
+        for d, result in zip(run_dirs, last, strict=True)
+    ]
+    return FusedResult(runs, fused.frozen)
+
+
+@dataclasses.dataclass(frozen=True)
+class Members:
+    """The members of a fused run, each as its single-seed run builds it."""
+
+    trainers: list[Trainer]
+    samplers: list[MixtureSampler]
+    generators: list[torch.Generator]
+    """Each member's noise stream (:func:`~offaug.algorithms.fused.member_generator`)."""
+    preparations: list[_BatchPreparation]
+    """Each member's batch preparation (what its checkpoints record besides the trainer)."""
+    start: int
+    """The step every member resumes from (0 for a fresh run)."""
+
+
+def build_members(
+    algorithm: str,
+    datasets: Sequence[Transitions | ShardSet],
+    seeds: Sequence[int],
+    configs: Sequence[Mapping[str, Any]],
+    options: TrainOptions,
+    run_dirs: Sequence[Path] = (),
+    resume: bool = False,
+) -> Members:
+    """Build, prepare (and resume) each member exactly as its single-seed run does."""
+    meta, first = _meta_and_first(datasets[0])
+    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    if options.weighting == "policy" or options.state_noise is not None:
+        # pi/mu weights and state noise are drawn per batch by the single-seed loop only.
+        raise ValueError(
+            "fused seeds train with weighting 'none' or 'behaviour' and no state noise; train "
+            "these seeds one by one (offaug train without --seeds, or train.fuse_seeds: false)"
+        )
+    trainers, samplers, generators, starts = [], [], [], []
+    preparations: list[_BatchPreparation] = []
+    for k, (seed, member_config) in enumerate(zip(seeds, configs, strict=True)):
+        # A single-seed run's order of draws: seed, build, prepare, (resume).
+        seed_everything(seed)
+        trainer = registry.build(algorithm, spaces, dict(member_config), device=options.device)
+        targets = getattr(trainer, "compile_targets", lambda: ())()
+        if options.compile and targets:
+            raise ValueError(f"--compile does not apply to fused {algorithm} ({targets})")
+        sampler = make_sampler(
+            trainer,
+            datasets,
+            mixing=options.mixing,
+            use_weights=options.weighting != "none",
+            normalise_weights=options.normalise_weights,
+            seed=seed,
+        )
+        prepare = _BatchPreparation(trainer, sampler, datasets, options, trainer_device(trainer))
+        checkpoint = run_dirs[k] / "checkpoint.pt" if run_dirs else Path()
+        resumes = resume and bool(run_dirs) and checkpoint.is_file()
+        starts.append(_resume(trainer, sampler, prepare, checkpoint, algorithm) if resumes else 0)
+        preparations.append(prepare)
+        trainers.append(trainer)
+        samplers.append(sampler)
+        generators.append(member_generator(seed, trainer_device(trainer)))
+    if len(set(starts)) != 1:
+        raise ValueError(f"the seeds' checkpoints are at different steps: {starts}")
+    return Members(trainers, samplers, generators, preparations, starts[0])
+
+
+def stack_numpy(batches: Sequence[Batch]) -> Batch:
+    """Member batches stacked along a leading axis, before they become tensors."""
+    fields: dict[str, Any] = {}
+    for field in dataclasses.fields(Batch):
+        values = [getattr(b, field.name) for b in batches]
+        fields[field.name] = None if values[0] is None else np.stack(values)
+    return Batch(**fields)
+
+
+def _run_dirs(
+    out: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], seeds: Sequence[int]
+) -> list[Path]:
+    if isinstance(out, str | os.PathLike):
+        return [Path(out) / f"seed_{seed}" for seed in seeds]
+    dirs = [Path(d) for d in out]
+    if len(dirs) != len(seeds):
+        raise ValueError(f"{len(dirs)} run directories for {len(seeds)} seeds")
+    return dirs
+
+
+def _member_means(pending: list[dict[str, torch.Tensor]], members: int) -> list[dict[str, float]]:
+    # One host sync per log interval, as in the single-seed loop.
+    names = list(pending[0])
+    stacked = torch.stack([torch.stack([m[n].float() for n in names]) for m in pending])
+    means = stacked.mean(0).t().tolist()  # (K, metrics)
+    return [dict(zip(names, (float(v) for v in row), strict=True)) for row in means]
+
+
+def _evaluation_line(step: int, result: EvaluationResult) -> dict[str, Any]:
+    return {
+        "step": step,
+        "kind": "eval",
+        "return": result.mean_return,
+        "normalised_score": result.normalised_score,
+        "returns": list(result.returns),
+    }
+
+
+def _write(log: IO[str], line: dict[str, Any]) -> None:
+    log.write(json.dumps(line) + "\n")
+    log.flush()

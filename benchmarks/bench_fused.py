@@ -1,0 +1,175 @@
+"""Many seeds in one process: per-seed gradient steps/s of a fused run of K members.
+
+For each learner that trains fused (BC, TD3+BC, IQL) at 64x64 and 256x256 and K = 1, 2, 5, 10:
+the per-seed step rate of :class:`offaug.algorithms.fused.FusedTrainer` (K samplers' batches
+stacked, one fused update: ``K x steps / time``) against K sequential single-seed offaug runs
+(one trainer's ``sample + update`` rate: K runs one after another give each seed that rate) and
+against d3rlpy 2.8 on the same data in the same process. All sides are interleaved blocks on
+one CPU thread, median of repeats. Each record carries the matmul floor of the K-member update
+(the update's ``mm/addmm/bmm/baddbmm`` shapes run back to back, ``bench_algorithms``'s helper)
+as a per-seed rate, and the fused rate's share of it.
+
+Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x; 256x256 1.1x.
+CQL and BCQ do not train fused yet (their hand-written CPU passes have no batched form here):
+they get no records.
+
+Usage: ``python benchmarks/bench_fused.py [--quick] [--only bc,td3bc,iql]``; JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Reporter, ensure_dataset, interleave_many, log, protect_stdout
+from bench_algorithms import (
+    _d3rlpy_algo,
+    _matmul_shapes,
+    _offaug_trainer,
+    _plain_matmuls,
+    _update_block,
+)
+
+GOALS = {64: 3.0, 256: 1.1}
+"""Per-seed rate of a fused run over single-seed offaug's, at K = 5."""
+GOAL_MEMBERS = 5
+
+
+def _fused(name: str, hidden: int, batch: int, spaces: Any, data: Any, members: int) -> Any:
+    import torch
+
+    from offaug.algorithms.base import seed_everything
+    from offaug.algorithms.fused import FusedTrainer, member_generator
+    from offaug.algorithms.train import make_sampler
+
+    trainers, samplers, generators = [], [], []
+    for seed in range(members):
+        seed_everything(seed)
+        trainer = _offaug_trainer(name, hidden, batch, spaces)
+        samplers.append(make_sampler(trainer, [data], seed=seed))
+        trainers.append(trainer)
+        generators.append(member_generator(seed, torch.device("cpu")))
+    return FusedTrainer(trainers, generators, list(range(members))), samplers
+
+
+def _fused_block(fused: Any, samplers: list[Any], steps: int) -> float:
+    from offaug.algorithms.batch import TorchBatch
+    from offaug.algorithms.train_fused import stack_numpy
+
+    start = time.perf_counter()
+    for _ in range(steps):
+        fused.update(TorchBatch.from_batch(stack_numpy([s.sample() for s in samplers])))
+    return time.perf_counter() - start
+
+
+def _floor(fused: Any, samplers: list[Any]) -> float:
+    """Seconds per fused update of its matrix multiplies alone (over a ``policy_freq`` cycle)."""
+    from offaug.algorithms.batch import TorchBatch
+    from offaug.algorithms.train_fused import stack_numpy
+
+    cycle = int(getattr(fused.trainers[0].config, "policy_freq", 1))
+    batch = TorchBatch.from_batch(stack_numpy([s.sample() for s in samplers]))
+    seconds, _ = _plain_matmuls(_matmul_shapes(fused, batch, cycle), repeats=10)
+    return seconds / cycle
+
+
+def _measure(
+    name: str,
+    hidden: int,
+    data: Any,
+    dataset: Any,
+    members: list[int],
+    steps: int,
+    repeats: int,
+    reporter: Reporter,
+) -> None:
+    import torch
+
+    from offaug.algorithms.base import spaces_from_transitions
+    from offaug.algorithms.train import make_sampler
+
+    batch = 256
+    spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
+    torch.manual_seed(0)
+    single = _offaug_trainer(name, hidden, batch, spaces)
+    single_sampler = make_sampler(single, [data], seed=0)
+    algo = _d3rlpy_algo(name, hidden, batch, dataset)
+    fused = {k: _fused(name, hidden, batch, spaces, data, k) for k in members}
+
+    def d3rlpy_block() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            algo.update(dataset.sample_transition_batch(batch))
+        return time.perf_counter() - start
+
+    sides = {
+        "single": lambda: _update_block(single, single_sampler, steps),
+        "d3rlpy": d3rlpy_block,
+        **{f"fused_{k}": (lambda k=k: _fused_block(*fused[k], steps)) for k in members},
+    }
+    for side in sides.values():
+        side()  # warm up
+    times = interleave_many(sides, repeats)
+    single_rate = steps / statistics.median(times["single"])
+    d3rlpy_rate = steps / statistics.median(times["d3rlpy"])
+    for k in members:
+        rate = k * steps / statistics.median(times[f"fused_{k}"])
+        floor = k / _floor(*fused[k])
+        reporter.emit(
+            {
+                "benchmark": f"fused_{name}_{hidden}x{hidden}_k{k}",
+                "unit": "gradient steps/s per seed",
+                "offaug": rate,
+                "baseline": single_rate,
+                "baseline_name": "single-seed offaug sample + update (K runs one after another)",
+                "ratio": rate / single_rate,
+                "goal": GOALS[hidden] if k == GOAL_MEMBERS else None,
+                "repeats": repeats,
+                "size": {"hidden": [hidden, hidden], "batch_size": batch, "members": k},
+                "notes": "one CPU thread; interleaved blocks; median of repeats",
+                "absolute": {
+                    "d3rlpy_steps_per_s": d3rlpy_rate,
+                    "ratio_to_d3rlpy": rate / d3rlpy_rate,
+                    "matmul_floor_steps_per_s_per_seed": floor,
+                    "share_of_matmul_floor": rate / floor,
+                    "steps_per_block": steps,
+                },
+            }
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a few minutes")
+    parser.add_argument("--only", default="bc,td3bc,iql", help="learners to measure")
+    args = parser.parse_args(argv)
+    out = protect_stdout()
+    reporter = Reporter(out)
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    from offaug.datasets import load_transitions
+    from offaug.datasets.interop import to_d3rlpy
+
+    generated = ensure_dataset("Hopper-v5", 10_000 if args.quick else 50_000, "hdf5", seed=0)
+    data = load_transitions(generated.path, cache=False)
+    dataset = to_d3rlpy(data)
+    repeats = 3 if args.quick else 5
+    members = [1, 2, 5, 10]
+    for name in args.only.split(","):
+        for hidden in (64, 256):
+            steps = (5 if hidden == 256 else 20) if args.quick else (40 if hidden == 256 else 150)
+            log(f"fused {name} {hidden}x{hidden}: K in {members}, {repeats} x {steps} steps")
+            _measure(name, hidden, data, dataset, members, steps, repeats, reporter)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,270 @@
+"""Fused training: K seeds in one batched network agree with K single-seed runs.
+
+A member's batches and initial parameters are those of the single-seed run of its seed, exactly.
+After training they agree to 1e-5 relative, not bit for bit: the fused members' layers run as
+batched matrix multiplies (``bmm`` over the member axis), which round differently from the
+single run's ``addmm``, and the Adam step is the fused trainer's own (same formula, other
+rounding). Adam's moments follow the latest gradients, which a rounding-level difference moves
+more (a ReLU input or a minimum over critics that flips between the two runs), so they are held
+to :data:`MOMENT_TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from offaug.algorithms.base import Trainer
+from offaug.algorithms.batch import TorchBatch
+from offaug.algorithms.fused import FusedTrainer, stack_batches
+from offaug.algorithms.train import TrainOptions, load_trainer, train
+from offaug.algorithms.train_fused import build_members, member_configs, stack_numpy, train_fused
+from offaug.cli import app
+from offaug.datasets import Transitions, load_transitions
+from offaug.pipeline.layout import DatasetRef
+from offaug.pipeline.stages import train_offline, train_offline_fused
+from offaug.pipeline.workflow import EvaluationModel, TrainModel
+
+SMALL: dict[str, dict[str, Any]] = {
+    "bc": {"hidden": [32, 32], "batch_size": 32},
+    "td3bc": {"hidden": [32, 32], "batch_size": 32},
+    "iql": {"hidden": [32, 32], "batch_size": 32, "actor_lr_decay_steps": 30},
+    "rebrac": {"hidden": [32, 32], "batch_size": 32},
+}
+SEEDS = (0, 1, 2)
+TOLERANCE = 1e-5
+MOMENT_TOLERANCE = 1e-2
+
+
+@pytest.fixture
+def hopper(make_test_dataset) -> Transitions:
+    return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def _assert_states_close(fused: Any, single: Any, path: str = "") -> None:
+    """Every tensor of two state dicts within :data:`TOLERANCE` relative; the rest equal."""
+    if isinstance(single, torch.Tensor):
+        assert fused.shape == single.shape, path
+        tolerance = MOMENT_TOLERANCE if "optimizer/state" in path else TOLERANCE
+        assert _relative(fused, single) <= tolerance, (path, _relative(fused, single))
+    elif isinstance(single, dict):
+        assert fused.keys() == single.keys(), path
+        for key in single:
+            _assert_states_close(fused[key], single[key], f"{path}/{key}")
+    elif isinstance(single, float):
+        assert fused == pytest.approx(single, rel=TOLERANCE), path
+    elif isinstance(single, list | tuple):
+        assert len(fused) == len(single), path
+        for i, (x, y) in enumerate(zip(fused, single, strict=True)):
+            _assert_states_close(x, y, f"{path}[{i}]")
+    else:
+        assert fused == single, path
+
+
+def _parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
+    state = trainer.state_dict()
+    return {
+        f"{name}.{key}": value.clone()
+        for name, part in state.items()
+        if isinstance(part, dict) and "optimizer" not in name and name != "actor_metrics"
+        for key, value in part.items()
+    }
+
+
+@pytest.mark.parametrize("algorithm", ["bc", "td3bc", "iql", "rebrac"])
+def test_members_start_and_sample_as_single_runs(hopper: Transitions, algorithm: str) -> None:
+    options = TrainOptions(steps=3)
+    configs = member_configs(algorithm, SMALL[algorithm], len(SEEDS))
+    fused = build_members(algorithm, [hopper], SEEDS, configs, options)
+    for k, seed in enumerate(SEEDS):
+        single = build_members(algorithm, [hopper], [seed], configs[:1], options)
+        first, other = _parameters(fused.trainers[k]), _parameters(single.trainers[0])
+        assert first.keys() == other.keys()
+        assert all(torch.equal(first[n], other[n]) for n in first)
+        for _ in range(3):
+            mine, theirs = fused.samplers[k].sample(), single.samplers[0].sample()
+            np.testing.assert_array_equal(mine.observations, theirs.observations)
+            np.testing.assert_array_equal(mine.actions, theirs.actions)
+        draws = torch.randn(5, generator=fused.generators[k])
+        assert torch.equal(draws, torch.randn(5, generator=single.generators[0]))
+
+
+@pytest.mark.parametrize("algorithm", ["bc", "td3bc", "iql", "rebrac"])
+def test_fused_run_matches_single_seed_runs(
+    hopper: Transitions, algorithm: str, tmp_path: Path
+) -> None:
+    options = TrainOptions(steps=20, log_every=10, eval_every=20, eval_episodes=2)
+    fused = train_fused(
+        algorithm,
+        [hopper],
+        tmp_path / "fused",
+        config=SMALL[algorithm],
+        options=dataclasses.replace(options, seeds=SEEDS),
+    )
+    assert fused.frozen == []
+    for seed, run in zip(SEEDS, fused.runs, strict=True):
+        assert run.out == tmp_path / "fused" / f"seed_{seed}"
+        single = train(
+            algorithm,
+            [hopper],
+            tmp_path / f"single_{seed}",
+            config=SMALL[algorithm],
+            options=dataclasses.replace(options, seed=seed),
+        )
+        mine, theirs = load_trainer(run.checkpoint), load_trainer(single.checkpoint)
+        _assert_states_close(mine.state_dict(), theirs.state_dict())
+        assert run.last_evaluation is not None and single.last_evaluation is not None
+        np.testing.assert_allclose(
+            run.last_evaluation.returns, single.last_evaluation.returns, rtol=TOLERANCE
+        )
+        # The same files, in the same format, as the single-seed run.
+        names = {p.relative_to(run.out) for p in run.out.rglob("*")}
+        assert names == {p.relative_to(single.out) for p in single.out.rglob("*")}
+        lines = [json.loads(x) for x in (run.out / "metrics.jsonl").read_text().splitlines()]
+        reference = [json.loads(x) for x in (single.out / "metrics.jsonl").read_text().splitlines()]
+        assert [(x["step"], x["kind"], list(x)) for x in lines] == [
+            (x["step"], x["kind"], list(x)) for x in reference
+        ]
+        recorded = json.loads((run.out / "config.json").read_text())
+        assert recorded["options"]["seed"] == seed and recorded["fused_seeds"] == list(SEEDS)
+
+
+def test_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> None:
+    config = {**SMALL["td3bc"], "actor_learning_rate": [3e-4, 0.0], "alpha": [2.5, 10.0]}
+    configs = member_configs("td3bc", config, 2)
+    assert [c["actor_learning_rate"] for c in configs] == [3e-4, 0.0]
+    built = build_members("td3bc", [hopper], (0, 1), configs, TrainOptions())
+    still = _parameters(built.trainers[1])
+    fused = FusedTrainer(built.trainers, built.generators, (0, 1))
+    pairs = [[s.sample() for s in built.samplers] for _ in range(4)]
+    metrics = [fused.update(TorchBatch.from_batch(stack_numpy(pair))) for pair in pairs]
+    assert fused.member(1).config.alpha == 10.0
+    # A zero learning rate leaves member 1's actor where it started; its critics learn.
+    after = _parameters(fused.member(1))
+    assert all(torch.equal(after[n], still[n]) for n in after if n.startswith("actor."))
+    assert not torch.equal(after["critic.net.layers.0.weight"], still["critic.net.layers.0.weight"])
+    # Member 0 is its single-seed run with the first values.
+    single = build_members("td3bc", [hopper], (0,), configs[:1], TrainOptions())
+    for pair in pairs:
+        single.trainers[0].update(TorchBatch.from_batch(pair[0]))
+    _assert_states_close(fused.member_state_dict(0), single.trainers[0].state_dict())
+    assert metrics[-1]["critic_loss"].shape == (2,)
+
+
+def test_member_configs_refuse_lists_that_change_shapes() -> None:
+    with pytest.raises(ValueError, match=r"batch_size.*one value for all seeds"):
+        member_configs("bc", {"batch_size": [32, 64]}, 2)
+    with pytest.raises(ValueError, match=r"3 values for 2 seeds"):
+        member_configs("bc", {"learning_rate": [1e-3, 1e-4, 1e-5]}, 2)
+    # A tuple field given as a list is that tuple, for every member.
+    assert member_configs("bc", {"hidden": [8, 8]}, 2) == [{"hidden": [8, 8]}] * 2
+
+
+def test_a_nan_member_stops_alone(hopper: Transitions) -> None:
+    broken = dataclasses.replace(hopper, rewards=np.full_like(hopper.rewards, np.nan))
+    options = TrainOptions()
+    configs = member_configs("td3bc", SMALL["td3bc"], 1)
+    good = build_members("td3bc", [hopper], (0,), configs, options)
+    bad = build_members("td3bc", [broken], (1,), configs, options)
+    start = _parameters(bad.trainers[0])
+    reference = build_members("td3bc", [hopper], (0,), configs, options)
+    fused = FusedTrainer(
+        [good.trainers[0], bad.trainers[0]], good.generators + bad.generators, (0, 1)
+    )
+    for _ in range(6):
+        pair = [good.samplers[0].sample(), bad.samplers[0].sample()]
+        metrics = fused.update(TorchBatch.from_batch(stack_numpy(pair)))
+        reference.trainers[0].update(TorchBatch.from_batch(pair[0]))
+    assert fused.frozen == [1]
+    assert torch.isnan(metrics["critic_loss"][1]) and torch.isfinite(metrics["critic_loss"][0])
+    frozen = _parameters(fused.member(1))
+    assert all(torch.equal(frozen[n], start[n]) for n in frozen)
+    _assert_states_close(fused.member_state_dict(0), reference.trainers[0].state_dict())
+
+
+def test_stack_batches_matches_stacking_numpy(hopper: Transitions) -> None:
+    built = build_members("bc", [hopper], (0, 1), [SMALL["bc"]] * 2, TrainOptions())
+    raw = [s.sample() for s in built.samplers]
+    stacked = stack_batches([TorchBatch.from_batch(b) for b in raw])
+    assert torch.equal(stacked.observations, TorchBatch.from_batch(stack_numpy(raw)).observations)
+
+
+def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path) -> None:
+    options = TrainOptions(steps=12, log_every=6, eval_every=0, checkpoint_every=6, seeds=(0, 1))
+    whole = train_fused(
+        "td3bc", [hopper], tmp_path / "whole", config=SMALL["td3bc"], options=options
+    )
+    half = dataclasses.replace(options, steps=6)
+    train_fused("td3bc", [hopper], tmp_path / "parts", config=SMALL["td3bc"], options=half)
+    resumed = train_fused(
+        "td3bc", [hopper], tmp_path / "parts", config=SMALL["td3bc"], options=options, resume=True
+    )
+    for mine, theirs in zip(resumed.runs, whole.runs, strict=True):
+        a, b = load_trainer(mine.checkpoint), load_trainer(theirs.checkpoint)
+        _assert_states_close(a.state_dict(), b.state_dict())
+        steps = [
+            json.loads(x)["step"] for x in (mine.out / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert steps == [6, 12]
+
+
+def test_fused_refuses_learners_and_options_it_cannot_train(hopper: Transitions) -> None:
+    with pytest.raises(ValueError, match="cql does not train fused"):
+        train_fused("cql", [hopper], "unused", options=TrainOptions(seeds=(0, 1)))
+    with pytest.raises(ValueError, match="--compile does not apply"):
+        build_members("bc", [hopper], (0, 1), [{}] * 2, TrainOptions(compile=True))
+    with pytest.raises(ValueError, match="train_fused"):
+        train("bc", [hopper], "unused", options=TrainOptions(seeds=(0, 1)))
+
+
+def test_cli_trains_seeds_fused(make_test_dataset, tmp_path: Path) -> None:
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    config = tmp_path / "bc.yaml"
+    config.write_text("hidden: [32, 32]\nbatch_size: 32\nlearning_rate: [0.001, 0.0003]\n")
+    out = tmp_path / "run"
+    args = ["train", "bc", dataset, "--steps", "6", "--log-every", "3", "--eval-every", "0"]
+    result = CliRunner().invoke(
+        app, [*args, "--seeds", "0,1", "--config", str(config), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    for seed, rate in ((0, 1e-3), (1, 3e-4)):
+        restored = load_trainer(out / f"seed_{seed}" / "checkpoint.pt")
+        assert restored.config.learning_rate == rate
+    bad = CliRunner().invoke(app, [*args, "--seeds", "0,1", "--config", str(config), "--compile"])
+    assert bad.exit_code != 0 and "compile" in bad.output
+
+
+def test_fused_stage_returns_the_per_seed_stages_records(make_test_dataset, tmp_path: Path) -> None:
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset)
+    ref = DatasetRef(dataset, len(data), data.num_episodes, "", False, dict(data.meta))
+    train_config = TrainModel(algorithms=("iql",), steps=10, configs={"iql": SMALL["iql"]})
+    evaluation = EvaluationModel(episodes=1)
+    outs = [str(tmp_path / "fused" / f"iql-{seed}") for seed in (0, 1)]
+    fused = train_offline_fused("iql", ref, None, train_config, evaluation, outs, [0, 1])
+    for seed, record, out in zip((0, 1), fused, outs, strict=True):
+        single = train_offline(
+            "iql", ref, None, train_config, evaluation, str(tmp_path / f"iql-{seed}"), seed
+        )
+        assert record.name == single.name == "iql-original"
+        assert record.path == str(Path(out) / "checkpoint.pt")
+        assert record.metrics.keys() == single.metrics.keys()
+        assert record.metrics["eval"]["returns"] == pytest.approx(
+            single.metrics["eval"]["returns"], rel=TOLERANCE
+        )
+        assert record.metrics["train"]["critic_loss"] == pytest.approx(
+            single.metrics["train"]["critic_loss"], rel=1e-4
+        )
+    assert not list((tmp_path / "fused").glob(".*"))  # no staging directory left behind
