@@ -63,6 +63,18 @@ LEVEL_FILE = "level.json"
 _EVAL_SEED_OFFSET = 10_000
 
 
+def small_sac_config(hidden: tuple[int, ...] = (64, 64)) -> SACConfig:
+    """SAC that learns small tasks (Pendulum) in a few thousand steps on a CPU: small networks,
+    larger learning rates, a low starting temperature and an early start."""
+    return SACConfig(
+        hidden=hidden,
+        actor_learning_rate=1e-3,
+        critic_learning_rate=1e-3,
+        initial_temperature=0.1,
+        learning_starts=1000,
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class LevelDataset:
     """What :func:`make_level_dataset` wrote and how the policy was chosen."""

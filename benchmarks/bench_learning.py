@@ -51,16 +51,9 @@ def _dataset(env_id: str, level: str, train_steps: int, steps: int) -> Any:
 
             make_dataset(env_id, dataset_id, steps=steps, root=root, overwrite=True)
         else:
-            from offaug.algorithms.levels import make_level_dataset
-            from offaug.algorithms.sac import SACConfig
+            from offaug.algorithms.levels import make_level_dataset, small_sac_config
 
-            config = SACConfig(
-                hidden=HIDDEN,
-                actor_learning_rate=1e-3,
-                critic_learning_rate=1e-3,
-                initial_temperature=0.1,
-                learning_starts=1000,
-            )
+            config = small_sac_config(HIDDEN)
             make_level_dataset(
                 env_id,
                 dataset_id,

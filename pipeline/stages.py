@@ -59,15 +59,32 @@ def prepare_source(config: SourceConfig) -> DatasetRef:
         if config.make is None:
             raise
         make = config.make
-        make_dataset(
-            make.env,
-            config.dataset,
-            policy=make.policy,
-            steps=make.steps,
-            data_format=make.format,
-            seed=make.seed,
-            max_episode_steps=make.max_episode_steps,
-        )
+        if make.policy == "sac":
+            # Imports torch: only a source made by SAC needs it.
+            from offaug.algorithms.levels import make_level_dataset, small_sac_config
+
+            make_level_dataset(
+                make.env,
+                config.dataset,
+                make.level,
+                train_steps=make.train_steps,
+                steps=make.steps,
+                seed=make.seed,
+                data_format=make.format,
+                config=small_sac_config(),
+                max_episode_steps=make.max_episode_steps,
+                threads=1,
+            )
+        else:
+            make_dataset(
+                make.env,
+                config.dataset,
+                policy=make.policy,
+                steps=make.steps,
+                data_format=make.format,
+                seed=make.seed,
+                max_episode_steps=make.max_episode_steps,
+            )
         resolved = resolve_source(config.dataset)
     # Datasets without recorded states still load; they just cannot be branched from.
     data, state_kind = load_with_states(config.dataset)

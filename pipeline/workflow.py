@@ -79,7 +79,16 @@ class MakeSource(_Strict):
     """How to make the source dataset when it is missing (offaug make-dataset)."""
 
     env: str = Field(description="Gymnasium env id, e.g. Hopper-v5.")
-    policy: Literal["random"] = Field("random", description="The generating policy.")
+    policy: Literal["random", "sac"] = Field(
+        "random",
+        description="The generating policy: uniform random, or SAC trained online (D4RL levels).",
+    )
+    level: Literal["random", "medium", "expert", "medium-replay"] = Field(
+        "medium", description="With policy sac: which D4RL level to collect."
+    )
+    train_steps: int = Field(
+        8000, gt=0, description="With policy sac: SAC's environment steps (its final policy)."
+    )
     steps: int = Field(gt=0, description="Steps to collect (whole episodes).")
     format: Literal["hdf5", "arrow"] = Field("hdf5", description="Minari storage format.")
     seed: int = Field(0, description="Seed of resets and actions.")
