@@ -13,7 +13,7 @@
 * ``orchestration_overhead``: ``workflows/quickstart.yaml`` (full size; a smaller workflow with
   ``--quick``) through ``run_workflow`` on a fresh LocalCluster, twice (the mean is reported).
   The overhead is the wall time minus the least time the stages' own compute needs on these
-  workers, ``max(critical path, sum / workers)``, as a share of the wall time. The issue's
+  workers, ``max(critical path, sum / workers)``, as a share of the wall time. The plainer
   literal figure, wall minus the *sum* of stage times, is reported beside it per run; with
   stages in parallel it is negative.
 

@@ -1,1 +1,1 @@
-"""Pipeline stages and the Dask graph that runs them (see the pipeline issue)."""
+"""Pipeline stages and the Dask graph that runs them: rollouts, training, diagnostics, reports."""
