@@ -1,0 +1,417 @@
+"""Does augmentation make the learned policy better? Recipes against plain, over seeds.
+
+For each dataset made by offaug's own generator (SAC trained online, D4RL's recipe, as in
+``bench_learning.py``) and each learner, every recipe's final policies are compared with the same
+learner trained on the original data alone ("plain"), at equal gradient steps, from the same
+evaluation start seeds, over several training seeds: rliable's IQM, the 95 % stratified bootstrap
+interval of the IQM difference and the probability of improvement
+(:func:`offaug.pipeline.statistics.compare`). Every unit of work is one of the pipeline's own
+stage functions (``prepare_source``, ``train_bc``, ``rollout_shard`` / ``model_rollout_task`` +
+``merge_rollouts``, ``train_offline``) on a LocalCluster of single-threaded workers, so the
+benchmark measures exactly what ``offaug run`` does.
+
+Records: ``augmentation_<dataset>_<learner>`` (best recipe's IQM minus plain's, with its interval
+and probability of improvement; every recipe's per-seed scores in ``absolute``), then
+``augmentation_cql_datasets_won`` (datasets where a recipe beats plain for CQL with an interval
+above 0 and P(improvement) >= 0.75; goal 3 of 4) and ``augmentation_default_never_loses``
+(datasets and learners where the default recipe loses to plain by more than its interval,
+i.e. the interval lies below 0; goal 0).
+
+Usage: ``python benchmarks/bench_augmentation.py [--quick] [--datasets a,b] [--learners a,b]
+[--recipes a,b] [--seeds 0,1,2,3,4] [--workers 2]``; JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import DATA_DIR, Reporter, log, protect_stdout
+
+from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.statistics import compare
+from offaug.pipeline.workflow import (
+    BCConfigModel,
+    EvaluationModel,
+    RolloutModel,
+    SourceConfig,
+    TrainModel,
+)
+
+HIDDEN = (64, 64)
+
+# name: (env, level, SAC steps that make the level, dataset steps)
+DATASETS: dict[str, tuple[str, str, int, int]] = {
+    "pendulum-medium": ("Pendulum-v1", "medium", 8000, 10_000),
+    "hopper-medium": ("Hopper-v5", "medium", 100_000, 50_000),
+    "hopper-expert-narrow": ("Hopper-v5", "expert", 100_000, 10_000),
+    "halfcheetah-medium": ("HalfCheetah-v5", "medium", 100_000, 50_000),
+}
+
+# Recipe name -> (rollout overrides, train overrides). "plain" trains on the original data only.
+RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "reset-0.1": ({"start": "reset", "noise": "gaussian:0.1", "filter": "data"}, {}),
+    "reset-0.3": ({"start": "reset", "noise": "gaussian:0.3", "filter": "data"}, {}),
+    "reset-0.1-unfiltered": ({"start": "reset", "noise": "gaussian:0.1"}, {}),
+    "branch-h50": (
+        {"start": "dataset", "horizon": 50, "noise": "gaussian:0.1", "filter": "data"},
+        {},
+    ),
+    "model-h5": ({"backend": "model", "horizon": 5, "noise": "gaussian:0.1"}, {}),
+    "state-noise": (
+        {"backend": "none"},
+        {"state_noise": {"kind": "gaussian", "scale": 0.003}},
+    ),
+}
+DEFAULT_RECIPE = "reset-0.1"
+"""The recipe ``workflows/quickstart.yaml`` and the rollout defaults use."""
+PLAIN = "plain"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How big each unit of work is."""
+
+    train_steps: int
+    bc_steps: int
+    eval_episodes: int
+    rollout_transitions: int
+    dynamics_steps: int
+
+
+FULL = Sizes(
+    train_steps=3000,
+    bc_steps=20_000,
+    eval_episodes=10,
+    rollout_transitions=10_000,
+    dynamics_steps=3000,
+)
+QUICK = Sizes(
+    train_steps=1000, bc_steps=5000, eval_episodes=10, rollout_transitions=4000, dynamics_steps=500
+)
+
+
+def _source(name: str) -> DatasetRef:
+    from bench_learning import _dataset
+
+    from offaug.datasets.paths import resolve_dataset_dir
+    from offaug.pipeline.stages import prepare_source
+
+    env_id, level, train_steps, steps = DATASETS[name]
+    _dataset(env_id, level, train_steps=train_steps, steps=steps)
+    dataset_id = f"bench/{env_id.lower()}-{level}-t{train_steps}-s{steps}-v0"
+    path = resolve_dataset_dir(dataset_id, DATA_DIR / "learning")
+    return prepare_source(SourceConfig(dataset=str(path)))
+
+
+def _rollout_model(overrides: dict[str, Any], data: DatasetRef, sizes: Sizes) -> RolloutModel:
+    horizon = overrides.get("horizon")
+    mean_length = max(1, data.rows // max(1, data.episodes))
+    episodes = max(2, sizes.rollout_transitions // (horizon or mean_length))
+    dynamics = {"members": 5, "hidden": (200, 200), "steps": sizes.dynamics_steps}
+    return RolloutModel.model_validate(
+        {"episodes": episodes, "tasks": 1, "n_envs": 8, "dynamics": dynamics, **overrides}
+    )
+
+
+def _train_model(algorithm: str, overrides: dict[str, Any], sizes: Sizes) -> TrainModel:
+    from offaug.algorithms import registry
+
+    config = {
+        f.name: HIDDEN
+        for f in dataclasses.fields(registry.config_type(algorithm))
+        if f.name == "hidden" or f.name.endswith("_hidden")
+    }
+    return TrainModel.model_validate(
+        {
+            "algorithms": [algorithm],
+            "steps": sizes.train_steps,
+            "mixing": [0.5, 0.5],
+            "weighting": "none",
+            "configs": {algorithm: config},
+            **overrides,
+        }
+    )
+
+
+def _submit_rollout(
+    client: Any, data: DatasetRef, bc: Any, rollout: RolloutModel, out: Path, seed: int
+) -> Any:
+    from offaug.pipeline import stages
+
+    shard = str(out / "shard-00000.arrow")
+    if rollout.backend == "model":
+        dynamics = client.submit(
+            stages.train_dynamics_stage, data, rollout, str(out.parent / f"{out.name}.dyn.pt"), seed
+        )
+        part = client.submit(
+            stages.model_rollout_task, data, bc, dynamics, rollout, shard, 0, seed, pure=False
+        )
+    else:
+        part = client.submit(stages.rollout_shard, data, bc, rollout, str(out), seed, 0, pure=False)
+    return client.submit(stages.merge_rollouts, [part], str(out), rollout, pure=False)
+
+
+def _score(model: ModelRef) -> float:
+    evaluation = model.metrics.get("eval") or {}
+    score = evaluation.get("normalised_score")
+    if score is None:
+        raise RuntimeError(
+            f"{model.path}: no normalised score (the dataset has no reference scores)"
+        )
+    return float(score)
+
+
+def _run_dataset(
+    client: Any,
+    name: str,
+    learners: list[str],
+    recipes: list[str],
+    seeds: list[int],
+    sizes: Sizes,
+    root: Path,
+) -> dict[str, Any]:
+    """Every (recipe, learner, seed) of one dataset; scores and per-recipe diagnostics."""
+    from offaug.pipeline import stages
+
+    data = _source(name)
+    evaluation = EvaluationModel(episodes=sizes.eval_episodes)
+    bc_config = BCConfigModel(steps=sizes.bc_steps, hidden=HIDDEN)
+    bcs = {
+        seed: client.submit(
+            stages.train_bc, data, bc_config, str(root / name / f"bc-s{seed}"), seed, pure=False
+        )
+        for seed in seeds
+    }
+    rollouts: dict[tuple[str, int], Any] = {}
+    for recipe in recipes:
+        overrides, _ = RECIPES[recipe]
+        rollout = _rollout_model(overrides, data, sizes)
+        if rollout.backend == "none":
+            continue
+        for seed in seeds:
+            out = root / name / f"aug-{recipe}-s{seed}"
+            rollouts[recipe, seed] = _submit_rollout(client, data, bcs[seed], rollout, out, seed)
+    trained: dict[tuple[str, str, int], Any] = {}
+    for learner in learners:
+        for recipe in [PLAIN, *recipes]:
+            train = _train_model(learner, {} if recipe == PLAIN else RECIPES[recipe][1], sizes)
+            for seed in seeds:
+                augmented = rollouts.get((recipe, seed))
+                out = str(root / name / f"{learner}-{recipe}-s{seed}")
+                trained[learner, recipe, seed] = client.submit(
+                    stages.train_offline,
+                    learner,
+                    data,
+                    augmented,
+                    train,
+                    evaluation,
+                    out,
+                    seed,
+                    1,
+                    plain=recipe == PLAIN,
+                    pure=False,
+                )
+    models = dict(zip(trained, client.gather(list(trained.values())), strict=True))
+    augmented_refs: dict[tuple[str, int], AugmentedRef] = dict(
+        zip(rollouts, client.gather(list(rollouts.values())), strict=True)
+    )
+    bc_refs: dict[int, ModelRef] = dict(zip(bcs, client.gather(list(bcs.values())), strict=True))
+    diagnostics: dict[str, Any] = {}
+    for recipe in recipes:
+        refs = [augmented_refs[recipe, s] for s in seeds if (recipe, s) in augmented_refs]
+        diagnostics[recipe] = {
+            "rows": [r.rows for r in refs],
+            "ess_fraction": [r.weight_stats.get("ess_fraction") for r in refs],
+            "episode_return": [(r.metrics or {}).get("episode_return") for r in refs],
+            "filter": [(r.metrics or {}).get("filter") for r in refs],
+        }
+    first_bc = bc_refs[seeds[0]].metrics
+    return {
+        "scores": {key: _score(model) for key, model in models.items()},
+        "diagnostics": diagnostics,
+        "bc_scores": [
+            (bc_refs[s].metrics.get("eval") or {}).get("normalised_score") for s in seeds
+        ],
+        "data": first_bc.get("data"),
+        "transitions": data.rows,
+    }
+
+
+def _records(
+    name: str,
+    learner: str,
+    recipes: list[str],
+    seeds: list[int],
+    result: dict[str, Any],
+    sizes: Sizes,
+) -> dict[str, Any]:
+    scores = result["scores"]
+    plain = [scores[learner, PLAIN, s] for s in seeds]
+    comparisons = {
+        recipe: compare(plain, [scores[learner, recipe, s] for s in seeds]) for recipe in recipes
+    }
+    best = max(recipes, key=lambda r: comparisons[r].difference.value)
+    chosen = comparisons[best]
+    per_recipe = {
+        recipe: {
+            "per_seed": [scores[learner, recipe, s] for s in seeds],
+            "iqm": c.arm.value,
+            "difference": c.difference.value,
+            "interval": [c.difference.low, c.difference.high],
+            "probability_of_improvement": c.probability_of_improvement,
+        }
+        for recipe, c in comparisons.items()
+    }
+    default = per_recipe.get(DEFAULT_RECIPE)
+    return {
+        "benchmark": f"augmentation_{name}_{learner}",
+        "unit": "normalised score (points)",
+        "offaug": chosen.arm.value,
+        "baseline": chosen.baseline.value,
+        "baseline_name": "the same learner on the original data alone (plain), same seeds",
+        "ratio": chosen.difference.value,
+        "interval": [chosen.difference.low, chosen.difference.high],
+        "probability_of_improvement": chosen.probability_of_improvement,
+        "goal": 0.0,
+        "goal_met": chosen.difference.low > 0 and chosen.probability_of_improvement >= 0.75,
+        "best_recipe": best,
+        "default_recipe": DEFAULT_RECIPE,
+        "default_loses": bool(default is not None and default["interval"][1] < 0),
+        "repeats": len(seeds),
+        "seeds": seeds,
+        "size": {
+            "dataset": name,
+            "transitions": result["transitions"],
+            "gradient_steps": sizes.train_steps,
+            "hidden": list(HIDDEN),
+            "eval_episodes": sizes.eval_episodes,
+            "bc_steps": sizes.bc_steps,
+            "rollout_transitions": sizes.rollout_transitions,
+        },
+        "absolute": {
+            "plain": plain,
+            "recipes": per_recipe,
+            "bc_normalised_scores": result["bc_scores"],
+            "data": result["data"],
+            "rollout_diagnostics": result["diagnostics"],
+        },
+        "notes": (
+            "ratio = IQM(best recipe) - IQM(plain) in normalised points, interval = 95% "
+            "stratified bootstrap CI of that difference, P(improvement) Mann-Whitney over "
+            "seeds; goal met when the interval is above 0 and P >= 0.75. Final policies, "
+            "same evaluation start seeds for every arm."
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="Pendulum only, 3 seeds, small runs")
+    parser.add_argument("--datasets", default="", help="comma-separated subset of datasets")
+    parser.add_argument("--learners", default="", help="comma-separated learners")
+    parser.add_argument("--recipes", default="", help="comma-separated recipes")
+    parser.add_argument("--seeds", default="", help="comma-separated training seeds")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    out = protect_stdout()
+    reporter = Reporter(out)
+    os.environ.setdefault("D4RL_SUPPRESS_IMPORT_ERROR", "1")
+    sizes = QUICK if args.quick else FULL
+
+    def pick(text: str, default: list[str]) -> list[str]:
+        return [t.strip() for t in text.split(",") if t.strip()] or default
+
+    datasets = pick(args.datasets, ["pendulum-medium"] if args.quick else list(DATASETS))
+    learners = pick(args.learners, ["cql", "td3bc"] if args.quick else ["cql", "iql", "td3bc"])
+    recipes = pick(
+        args.recipes,
+        ["reset-0.1", "state-noise"]
+        if args.quick
+        else ["reset-0.1", "reset-0.3", "branch-h50", "model-h5", "state-noise"],
+    )
+    seeds = [
+        int(s)
+        for s in pick(args.seeds, ["0", "1", "2"] if args.quick else ["0", "1", "2", "3", "4"])
+    ]
+    unknown = [r for r in recipes if r not in RECIPES] + [d for d in datasets if d not in DATASETS]
+    if unknown:
+        parser.error(f"unknown recipe or dataset: {', '.join(unknown)}")
+
+    from distributed import Client, LocalCluster
+
+    from offaug.pipeline.workers import WorkerSetup
+
+    root = (
+        DATA_DIR
+        / "augmentation"
+        / ("quick" if args.quick else "full")
+        / time.strftime("%Y%m%d-%H%M%S")
+    )
+    records = []
+    with (
+        LocalCluster(
+            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.register_plugin(WorkerSetup(1))
+        for name in datasets:
+            started = time.perf_counter()
+            log(f"{name}: {len(learners)} learners x {len(recipes) + 1} arms x {len(seeds)} seeds")
+            result = _run_dataset(client, name, learners, recipes, seeds, sizes, root)
+            log(f"{name}: {time.perf_counter() - started:.0f} s")
+            for learner in learners:
+                record = _records(name, learner, recipes, seeds, result, sizes)
+                record["absolute"]["seconds"] = time.perf_counter() - started
+                reporter.emit(record)
+                records.append(record)
+    cql = [r for r in records if r["benchmark"].endswith("_cql")]
+    if cql:
+        won = sum(bool(r["goal_met"]) for r in cql)
+        reporter.emit(
+            {
+                "benchmark": "augmentation_cql_datasets_won",
+                "unit": "datasets",
+                "offaug": won,
+                "baseline": len(cql),
+                "baseline_name": "datasets measured",
+                "ratio": won,
+                "goal": min(3, len(cql)),
+                "goal_met": won >= min(3, len(cql)),
+                "repeats": len(seeds),
+                "seeds": seeds,
+                "size": {"datasets": [r["size"]["dataset"] for r in cql]},
+                "notes": "datasets where a recipe beats plain for CQL (interval > 0, P >= 0.75)",
+            }
+        )
+    losses = [r["benchmark"] for r in records if r["default_loses"]]
+    reporter.emit(
+        {
+            "benchmark": "augmentation_default_never_loses",
+            "unit": "dataset x learner pairs where the default recipe loses",
+            "offaug": len(losses),
+            "baseline": len(records),
+            "baseline_name": "pairs measured",
+            "ratio": len(losses),
+            "goal": 0,
+            "goal_direction": "at most",
+            "goal_met": not losses,
+            "repeats": len(seeds),
+            "seeds": seeds,
+            "size": {"default_recipe": DEFAULT_RECIPE, "losing": losses},
+            "notes": "the default recipe loses when its IQM-difference interval lies below 0",
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
