@@ -70,6 +70,44 @@ def machine_description() -> dict[str, Any]:
     }
 
 
+def parse_records(stdout: str, script: str, problems: list[str]) -> list[dict[str, Any]]:
+    """The benchmark records among a script's stdout lines; anything else goes to ``problems``."""
+    records = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            problems.append(f"not a JSON line on stdout: {line[:200]!r}")
+            continue
+        if not isinstance(record, dict) or "benchmark" not in record:
+            problems.append(f"not a benchmark record: {line[:200]!r}")
+            continue
+        record["script"] = script
+        records.append(record)
+    return records
+
+
+def saved_run(script: Path, output: Path) -> dict[str, Any]:
+    """A script's run from its saved stdout (a long run started by hand), as :func:`run_script`
+    reports one; its records replace only the previous records of the same benchmark names."""
+    problems: list[str] = []
+    records = parse_records(output.read_text(), script.name, problems)
+    finished = datetime.datetime.fromtimestamp(output.stat().st_mtime, datetime.timezone.utc)
+    for record in records:
+        record.setdefault("measured", finished.isoformat(timespec="seconds"))
+    log(f"{script.name}: {len(records)} results read from {output}")
+    return {
+        "script": script.name,
+        "returncode": 0,
+        "seconds": 0.0,
+        "records": records,
+        "problems": problems,
+        "partial": True,
+    }
+
+
 def run_script(
     script: Path, quick: bool, timeout: float | None, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
@@ -95,19 +133,7 @@ def run_script(
         stdout = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         returncode = None
         problems.append(f"timed out after {timeout} s")
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            problems.append(f"not a JSON line on stdout: {line[:200]!r}")
-            continue
-        if not isinstance(record, dict) or "benchmark" not in record:
-            problems.append(f"not a benchmark record: {line[:200]!r}")
-            continue
-        record["script"] = script.name
-        records.append(record)
+    records.extend(parse_records(stdout, script.name, problems))
     if returncode not in (0, None):
         problems.append(f"exited with status {returncode}")
     elapsed = time.perf_counter() - start
@@ -285,7 +311,18 @@ def main(argv: list[str] | None = None) -> int:
             "records then replace only the previous records of the same benchmark names"
         ),
     )
+    parser.add_argument(
+        "--from-output",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help=(
+            "merge the JSON lines a script printed in an earlier run (e.g. "
+            "'augmentation=aug.jsonl') instead of running it; with --only"
+        ),
+    )
     args = parser.parse_args(argv)
+    saved = {_short_name(n): Path(f) for n, _, f in (i.partition("=") for i in args.from_output)}
     extra: dict[str, list[str]] = {}
     for item in args.script_args:
         name, _, rest = item.partition("=")
@@ -303,12 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown is None:
         args.markdown = BENCH_DIR / f"RESULTS{suffix}.md"
     runs = [
-        run_script(script, args.quick, args.timeout, extra.get(_short_name(script.name), []))
+        saved_run(script, saved[_short_name(script.name)])
+        if _short_name(script.name) in saved
+        else run_script(script, args.quick, args.timeout, extra.get(_short_name(script.name), []))
         for script in scripts
     ]
     for run in runs:
         for record in run["records"]:
-            record["measured"] = date
+            record.setdefault("measured", date)
     failures = [
         {k: run[k] for k in ("script", "returncode", "problems")} for run in runs if run["problems"]
     ]

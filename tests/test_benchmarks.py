@@ -73,3 +73,19 @@ def test_a_full_benchmark_run_leaves_the_gpu_script_out_without_a_device() -> No
     # An absolute goal (minutes per 1M steps) decides 'met?' where there is no ratio goal.
     assert run_all.met({"ratio": 3.0, "goal": None, "absolute": {"goal_met": False}}) is False
     assert run_all.met({"ratio": 3.0, "goal": None}) is None
+
+
+def test_a_saved_run_is_read_back_as_records_stamped_with_its_file_time(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import run_all
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    saved = tmp_path / "aug.jsonl"
+    record = {"benchmark": "augmentation_x_cql", "ratio": 1.5, "goal": 0.0}
+    saved.write_text(json.dumps(record) + "\nnot json\n" + json.dumps({"no": "name"}) + "\n")
+    run = run_all.saved_run(REPO / "benchmarks" / "bench_augmentation.py", saved)
+    assert [r["benchmark"] for r in run["records"]] == ["augmentation_x_cql"]
+    assert run["records"][0]["script"] == "bench_augmentation.py"
+    assert run["records"][0]["measured"].startswith("20")
+    assert len(run["problems"]) == 2 and run["partial"]
