@@ -46,6 +46,11 @@ from offaug.pipeline.workflow import (
 )
 
 HIDDEN = (64, 64)
+LEARNER_CONFIGS: dict[str, dict[str, Any]] = {
+    # CQL's conservative term scores 4 sampled actions per state on batches of 128 (d3rlpy's
+    # defaults otherwise), as the quickstart does: every arm alike, affordable over many seeds.
+    "cql": {"n_action_samples": 4, "batch_size": 128},
+}
 
 # name: (env, level, SAC steps that make the level, dataset steps)
 DATASETS: dict[str, tuple[str, str, int, int]] = {
@@ -124,11 +129,12 @@ def _rollout_model(overrides: dict[str, Any], data: DatasetRef, sizes: Sizes) ->
 def _train_model(algorithm: str, overrides: dict[str, Any], sizes: Sizes) -> TrainModel:
     from offaug.algorithms import registry
 
-    config = {
+    config: dict[str, Any] = {
         f.name: HIDDEN
         for f in dataclasses.fields(registry.config_type(algorithm))
         if f.name == "hidden" or f.name.endswith("_hidden")
     }
+    config.update(LEARNER_CONFIGS.get(algorithm, {}))
     return TrainModel.model_validate(
         {
             "algorithms": [algorithm],
@@ -292,6 +298,7 @@ def _records(
             "transitions": result["transitions"],
             "gradient_steps": sizes.train_steps,
             "hidden": list(HIDDEN),
+            "learner_config": LEARNER_CONFIGS.get(learner, {}),
             "eval_episodes": sizes.eval_episodes,
             "bc_steps": sizes.bc_steps,
             "rollout_transitions": sizes.rollout_transitions,
