@@ -172,7 +172,12 @@ def _number(value: Any) -> str:
 
 
 def met(record: dict[str, Any]) -> bool | None:
-    """Whether a record reached its goal ratio (``None`` without a goal or ratio)."""
+    """Whether a record reached its goal ratio (``None`` without a goal or ratio).
+
+    A record's own ``goal_met`` decides where the goal is more than the ratio (the augmentation
+    records also need an interval above zero and a probability of improvement)."""
+    if isinstance(record.get("goal_met"), bool):
+        return bool(record["goal_met"])
     ratio, goal = record.get("ratio"), record.get("goal")
     absolute = record.get("absolute")
     if goal is None and isinstance(absolute, dict) and isinstance(absolute.get("goal_met"), bool):

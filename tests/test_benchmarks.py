@@ -73,6 +73,8 @@ def test_a_full_benchmark_run_leaves_the_gpu_script_out_without_a_device() -> No
     # An absolute goal (minutes per 1M steps) decides 'met?' where there is no ratio goal.
     assert run_all.met({"ratio": 3.0, "goal": None, "absolute": {"goal_met": False}}) is False
     assert run_all.met({"ratio": 3.0, "goal": None}) is None
+    # A record's own verdict (interval and P(improvement) besides the ratio) decides.
+    assert run_all.met({"ratio": 6.8, "goal": 0.0, "goal_met": False}) is False
 
 
 def test_a_saved_run_is_read_back_as_records_stamped_with_its_file_time(tmp_path: Path) -> None:
