@@ -284,6 +284,10 @@ def _train_inputs(
     from offaug.algorithms.train import TrainOptions
 
     plain = augmented is None if plain is None else plain
+    if augmented is not None and augmented.rows == 0:
+        # The rollout filter kept no episode: nothing to mix in, so the arm trains on the original
+        # data alone (its summary's augmented_rows of 0 tells the verdict why).
+        augmented = None
     sources: list[Any] = [data.source]
     mixing = None
     if augmented is not None:

@@ -197,6 +197,7 @@ _Figure = Literal[
     "ess_fraction",
     "ood_share",
     "rollout_policy_score",
+    "augmented_rows",
 ]
 _FIGURES: tuple[_Figure, ...] = typing.get_args(_Figure)
 """The figures of a recipe's summary that the verdict reads."""

@@ -56,6 +56,8 @@ class RecipeDiagnostics(TypedDict, total=False):
     """Normalised score of the rollout policy itself."""
     data_score: float
     """Normalised score of the data's own episodes."""
+    augmented_rows: float
+    """Augmented transitions the recipe trained with (0: the filter kept no episode)."""
 
 
 class ArmVerdict(TypedDict):
@@ -80,6 +82,12 @@ class ArmVerdict(TypedDict):
 
 def _reasons(diagnostics: RecipeDiagnostics) -> list[str]:
     reasons = []
+    if diagnostics.get("augmented_rows") == 0:
+        reasons.append(
+            "the filter kept no augmented episode (the rollout policy earned less than the data "
+            "from every start), so the arm trained on the original data alone: train a better "
+            "rollout policy (longer BC, or a trained learner via rollout.policy) or lower the noise"
+        )
     augmented = diagnostics.get("augmented_reward_per_step")
     original = diagnostics.get("original_reward_per_step")
     if augmented is not None and original is not None:

@@ -64,3 +64,10 @@ def test_only_shared_seeds_count_and_headline_picks_the_best_arm() -> None:
     assert [v["recipe"] for v in verdicts] == ["a", "b"]
     assert verdicts[0]["seeds"] == [0, 1, 2, 3, 4]
     assert headline(verdicts).startswith("cql with a: augmentation helps")
+
+
+def test_an_arm_whose_filter_kept_nothing_says_so() -> None:
+    runs = _runs("cql", PLAIN, PLAIN_SCORES) + _runs("cql", "filtered", [41, 43, 40, 44, 42])
+    (verdict,) = judge(runs, {"filtered": {"augmented_rows": 0}})
+    assert verdict["outcome"] == "inconclusive"
+    assert "the filter kept no augmented episode" in verdict["reasons"][0]
