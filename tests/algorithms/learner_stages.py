@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from offaug.datasets import load_transitions
+from offaug.algorithms.base import Spaces, spaces_from_transitions
+from offaug.algorithms.batch import TorchBatch
+from offaug.datasets import MixtureSampler, Transitions, load_transitions
 from offaug.pipeline.layout import DatasetRef
 from offaug.pipeline.stages import diagnose_policy_stage, train_bc, train_offline
 from offaug.pipeline.workflow import BCConfigModel, DiagnosticsModel, EvaluationModel, TrainModel
@@ -26,3 +28,20 @@ def train_and_diagnose(
         algorithm, ref, None, train_config, EvaluationModel(episodes=1), str(out / "train"), 0
     )
     return diagnose_policy_stage(ref, bc, model, DiagnosticsModel(max_states=200), 0, 0)
+
+
+SMALL = {"hidden": (32, 32), "batch_size": 32}
+"""Network and batch sizes that keep the new learners' tests fast."""
+
+
+def spaces_of(data: Transitions) -> Spaces:
+    """The learner spaces of a dataset."""
+    return spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
+
+
+def sample_batches(
+    data: Transitions, n: int, seed: int = 0, *, next_actions: bool = False
+) -> list[TorchBatch]:
+    """``n`` torch batches of 32 rows from ``data``."""
+    sampler = MixtureSampler([data], 32, seed=seed, next_actions=next_actions)
+    return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]

@@ -16,8 +16,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from offaug.algorithms.base import Spaces, spaces_from_transitions
-from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.iql import (
     IQL,
     IQLConfig,
@@ -31,9 +29,7 @@ from offaug.algorithms.statistics import return_range, reward_scale
 from offaug.algorithms.train import load_trainer, make_sampler
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
-from tests.algorithms.learner_stages import train_and_diagnose
-
-SMALL = {"hidden": (32, 32), "batch_size": 32}
+from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose
 
 
 @pytest.fixture
@@ -41,19 +37,10 @@ def hopper(make_test_dataset) -> Transitions:
     return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
 
 
-def _spaces(data: Transitions) -> Spaces:
-    return spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
-
-
 def _trainer(data: Transitions, seed: int = 0, **overrides: object) -> IQL:
     torch.manual_seed(seed)
     config = dataclasses.replace(IQLConfig(), **{**SMALL, **overrides})
-    return IQL(_spaces(data), config, device="cpu")
-
-
-def _batches(data: Transitions, n: int, seed: int = 0) -> list[TorchBatch]:
-    sampler = MixtureSampler([data], 32, seed=seed)
-    return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]
+    return IQL(spaces_of(data), config, device="cpu")
 
 
 def test_expectile_loss_against_a_hand_computation() -> None:
@@ -109,12 +96,12 @@ def test_cosine_rate_runs_from_the_initial_rate_to_zero() -> None:
 
 def test_actor_learning_rate_follows_the_schedule(hopper: Transitions) -> None:
     trainer = _trainer(hopper, actor_lr_decay_steps=4)
-    for batch in _batches(hopper, 3):
+    for batch in sample_batches(hopper, 3):
         trainer.update(batch)
     # The third step (steps = 2) ran at half the initial rate.
     assert trainer.actor_optimizer.param_groups[0]["lr"] == pytest.approx(1.5e-4)
     constant = _trainer(hopper, actor_lr_schedule="constant", actor_lr_decay_steps=4)
-    for batch in _batches(hopper, 3):
+    for batch in sample_batches(hopper, 3):
         constant.update(batch)
     assert constant.actor_optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
 
@@ -127,7 +114,7 @@ def test_log_std_choices(hopper: Transitions) -> None:
     obs = torch.tensor(np.asarray(hopper.observations[:4]))
     _, log_std = learned.actor.mean_log_std(obs)
     assert log_std.shape == (4, 3)
-    for batch in _batches(hopper, 2):
+    for batch in sample_batches(hopper, 2):
         metrics = learned.update(batch)
     assert all(torch.isfinite(v) for v in metrics.values())
 
@@ -159,7 +146,7 @@ def test_q_values_are_in_the_data_reward_units(hopper: Transitions) -> None:
 def test_critic_target_is_r_plus_gamma_v_next(hopper: Transitions) -> None:
     """With expectile 0.5, the value loss is half the squared error to the target Q."""
     trainer = _trainer(hopper, expectile=0.5, reward_normalisation="none")
-    batch = _batches(hopper, 1)[0]
+    batch = sample_batches(hopper, 1)[0]
     losses = trainer.losses(batch)
     with torch.no_grad():
         q_target = trainer.critic_target(batch.observations, batch.actions).min(0).values

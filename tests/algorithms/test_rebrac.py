@@ -16,8 +16,6 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from offaug.algorithms.base import Spaces, spaces_from_transitions
-from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.networks import CriticEnsemble, EnsembleLayerNorm, EnsembleMLP
 from offaug.algorithms.rebrac import (
     ReBRAC,
@@ -29,9 +27,7 @@ from offaug.algorithms.rebrac import (
 from offaug.algorithms.train import load_trainer
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
-from tests.algorithms.learner_stages import train_and_diagnose
-
-SMALL = {"hidden": (32, 32), "batch_size": 32}
+from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose
 
 
 @pytest.fixture
@@ -39,19 +35,10 @@ def hopper(make_test_dataset) -> Transitions:
     return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
 
 
-def _spaces(data: Transitions) -> Spaces:
-    return spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
-
-
 def _trainer(data: Transitions, seed: int = 0, **overrides: object) -> ReBRAC:
     torch.manual_seed(seed)
     config = dataclasses.replace(ReBRACConfig(), **{**SMALL, **overrides})
-    return ReBRAC(_spaces(data), config, device="cpu")
-
-
-def _batches(data: Transitions, n: int, seed: int = 0) -> list[TorchBatch]:
-    sampler = MixtureSampler([data], 32, seed=seed, next_actions=True)
-    return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]
+    return ReBRAC(spaces_of(data), config, device="cpu")
 
 
 def test_defaults_are_the_paper_locomotion_settings() -> None:
@@ -137,7 +124,7 @@ def test_sampler_next_actions_are_the_following_row_in_the_same_episode(
 
 def test_update_needs_next_actions(hopper: Transitions) -> None:
     trainer = _trainer(hopper)
-    batch = dataclasses.replace(_batches(hopper, 1)[0], next_actions=None)
+    batch = dataclasses.replace(sample_batches(hopper, 1, next_actions=True)[0], next_actions=None)
     with pytest.raises(ValueError, match="next_actions=True"):
         trainer.update(batch)
 
@@ -145,7 +132,7 @@ def test_update_needs_next_actions(hopper: Transitions) -> None:
 def test_critic_penalty_moves_the_target_towards_the_dataset_next_action(
     hopper: Transitions,
 ) -> None:
-    batch = _batches(hopper, 1)[0]
+    batch = sample_batches(hopper, 1, next_actions=True)[0]
     losses = []
     for coef in (0.0, 10.0):
         trainer = _trainer(hopper, seed=2, critic_bc_coef=coef)

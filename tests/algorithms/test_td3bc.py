@@ -15,8 +15,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from offaug.algorithms.base import Spaces, spaces_from_transitions
-from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.statistics import (
     OBSERVATION_STD_EPSILON,
     ObservationNormaliser,
@@ -32,9 +30,7 @@ from offaug.algorithms.td3bc import (
 from offaug.algorithms.train import load_trainer, make_sampler
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
-from tests.algorithms.learner_stages import train_and_diagnose
-
-SMALL = {"hidden": (32, 32), "batch_size": 32}
+from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose
 
 
 @pytest.fixture
@@ -42,19 +38,10 @@ def hopper(make_test_dataset) -> Transitions:
     return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
 
 
-def _spaces(data: Transitions) -> Spaces:
-    return spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
-
-
 def _trainer(data: Transitions, seed: int = 0, **overrides: object) -> TD3BC:
     torch.manual_seed(seed)
     config = dataclasses.replace(TD3BCConfig(), **{**SMALL, **overrides})
-    return TD3BC(_spaces(data), config, device="cpu")
-
-
-def _batches(data: Transitions, n: int, seed: int = 0) -> list[TorchBatch]:
-    sampler = MixtureSampler([data], 32, seed=seed)
-    return [TorchBatch.from_batch(sampler.sample()) for _ in range(n)]
+    return TD3BC(spaces_of(data), config, device="cpu")
 
 
 def test_smoothed_actions_clip_the_noise_then_the_box() -> None:
@@ -83,7 +70,7 @@ def test_actor_loss_against_a_hand_computation() -> None:
 
 def test_actor_and_targets_update_every_policy_freq_steps(hopper: Transitions) -> None:
     trainer = _trainer(hopper, policy_freq=2)
-    batches = _batches(hopper, 3)
+    batches = sample_batches(hopper, 3)
     snapshots = []
     for batch in batches:
         before = [p.detach().clone() for p in trainer.actor.parameters()]
@@ -101,7 +88,7 @@ def test_actor_and_targets_update_every_policy_freq_steps(hopper: Transitions) -
 
 
 def test_actor_step_leaves_the_critics_gradients_alone(hopper: Transitions) -> None:
-    batch = _batches(hopper, 1)[0]
+    batch = sample_batches(hopper, 1)[0]
     grads = []
     for steps in (0, 1):  # an actor step (0 % 2 == 0), then a critic-only step
         trainer = _trainer(hopper, seed=3)
