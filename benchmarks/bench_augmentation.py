@@ -46,18 +46,50 @@ from offaug.pipeline.workflow import (
 )
 
 HIDDEN = (64, 64)
-LEARNER_CONFIGS: dict[str, dict[str, Any]] = {
-    # CQL's conservative term scores 4 sampled actions per state on batches of 128 (d3rlpy's
-    # defaults otherwise), as the quickstart does: every arm alike, affordable over many seeds.
-    "cql": {"n_action_samples": 4, "batch_size": 128},
+CHEAP_CQL = {"n_action_samples": 4, "batch_size": 128}
+"""CQL's conservative term scores 4 sampled actions per state on batches of 128 (d3rlpy's
+defaults otherwise), as the quickstart does: every arm alike, affordable over many seeds."""
+MUJOCO_CQL = {
+    **CHEAP_CQL,
+    "lagrange": False,
+    "initial_temperature": 0.1,
+    "actor_learning_rate": 3e-4,
 }
+"""CQL(H) with the fixed penalty weight of the paper's MuJoCo runs, and an entropy temperature
+and actor rate that let a run of 10,000 steps move: at d3rlpy's defaults (Lagrange gap 10,
+temperature 1, actor rate 1e-4) CQL on Hopper-v5 medium stays at the score of a policy that falls
+at once for 8,000 steps (docs/performance.md)."""
 
-# name: (env, level, SAC steps that make the level, dataset steps)
-DATASETS: dict[str, tuple[str, str, int, int]] = {
-    "pendulum-medium": ("Pendulum-v1", "medium", 8000, 10_000),
-    "hopper-medium": ("Hopper-v5", "medium", 100_000, 50_000),
-    "hopper-expert-narrow": ("Hopper-v5", "expert", 100_000, 10_000),
-    "halfcheetah-medium": ("HalfCheetah-v5", "medium", 100_000, 50_000),
+
+@dataclasses.dataclass(frozen=True)
+class BenchDataset:
+    """A dataset of the benchmark and the training budget its learners get."""
+
+    env_id: str
+    level: str
+    sac_steps: int
+    """SAC steps that make the level (bench_learning's generator)."""
+    steps: int
+    """Dataset transitions."""
+    train_steps: int
+    """Gradient steps of every learner on it (full size; --quick uses its own)."""
+    configs: dict[str, dict[str, Any]]
+    """Learner config overrides on it (the same for every arm)."""
+
+
+DATASETS: dict[str, BenchDataset] = {
+    "pendulum-medium": BenchDataset(
+        "Pendulum-v1", "medium", 8000, 10_000, 3000, {"cql": CHEAP_CQL}
+    ),
+    "hopper-medium": BenchDataset(
+        "Hopper-v5", "medium", 100_000, 50_000, 10_000, {"cql": MUJOCO_CQL}
+    ),
+    "hopper-expert-narrow": BenchDataset(
+        "Hopper-v5", "expert", 100_000, 10_000, 10_000, {"cql": MUJOCO_CQL}
+    ),
+    "halfcheetah-medium": BenchDataset(
+        "HalfCheetah-v5", "medium", 100_000, 50_000, 10_000, {"cql": MUJOCO_CQL}
+    ),
 }
 
 # Recipe name -> (rollout overrides, train overrides). "plain" trains on the original data only.
@@ -65,6 +97,12 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "reset-0.1": ({"start": "reset", "noise": "gaussian:0.1", "filter": "data"}, {}),
     "reset-0.3": ({"start": "reset", "noise": "gaussian:0.3", "filter": "data"}, {}),
     "reset-0.1-unfiltered": ({"start": "reset", "noise": "gaussian:0.1"}, {}),
+    # The noise centred on TD3+BC's plain run of the same seed instead of the BC clone: a rollout
+    # policy that can earn more than the data where the clone earns less.
+    "td3bc-reset-0.1": (
+        {"start": "reset", "noise": "gaussian:0.1", "filter": "data", "policy": "td3bc"},
+        {},
+    ),
     "branch-h50": (
         {"start": "dataset", "horizon": 50, "noise": "gaussian:0.1", "filter": "data"},
         {},
@@ -86,7 +124,8 @@ PLAIN = "plain"
 class Sizes:
     """How big each unit of work is."""
 
-    train_steps: int
+    train_steps: int | None
+    """Gradient steps per learner; None: each dataset's own budget."""
     bc_steps: int
     eval_episodes: int
     rollout_transitions: int
@@ -94,7 +133,7 @@ class Sizes:
 
 
 FULL = Sizes(
-    train_steps=3000,
+    train_steps=None,
     bc_steps=20_000,
     eval_episodes=10,
     rollout_transitions=10_000,
@@ -111,9 +150,9 @@ def _source(name: str) -> DatasetRef:
     from offaug.datasets.paths import resolve_dataset_dir
     from offaug.pipeline.stages import prepare_source
 
-    env_id, level, train_steps, steps = DATASETS[name]
-    _dataset(env_id, level, train_steps=train_steps, steps=steps)
-    dataset_id = f"bench/{env_id.lower()}-{level}-t{train_steps}-s{steps}-v0"
+    spec = DATASETS[name]
+    _dataset(spec.env_id, spec.level, train_steps=spec.sac_steps, steps=spec.steps)
+    dataset_id = f"bench/{spec.env_id.lower()}-{spec.level}-t{spec.sac_steps}-s{spec.steps}-v0"
     path = resolve_dataset_dir(dataset_id, DATA_DIR / "learning")
     return prepare_source(SourceConfig(dataset=str(path)))
 
@@ -128,7 +167,13 @@ def _rollout_model(overrides: dict[str, Any], data: DatasetRef, sizes: Sizes) ->
     )
 
 
-def _train_model(algorithm: str, overrides: dict[str, Any], sizes: Sizes) -> TrainModel:
+def _train_steps(name: str, sizes: Sizes) -> int:
+    return sizes.train_steps or DATASETS[name].train_steps
+
+
+def _train_model(
+    algorithm: str, overrides: dict[str, Any], dataset: str, sizes: Sizes
+) -> TrainModel:
     from offaug.algorithms import registry
 
     config: dict[str, Any] = {
@@ -136,11 +181,11 @@ def _train_model(algorithm: str, overrides: dict[str, Any], sizes: Sizes) -> Tra
         for f in dataclasses.fields(registry.config_type(algorithm))
         if f.name == "hidden" or f.name.endswith("_hidden")
     }
-    config.update(LEARNER_CONFIGS.get(algorithm, {}))
+    config.update(DATASETS[dataset].configs.get(algorithm, {}))
     return TrainModel.model_validate(
         {
             "algorithms": [algorithm],
-            "steps": sizes.train_steps,
+            "steps": _train_steps(dataset, sizes),
             "mixing": [0.5, 0.5],
             "weighting": "none",
             "configs": {algorithm: config},
@@ -150,7 +195,13 @@ def _train_model(algorithm: str, overrides: dict[str, Any], sizes: Sizes) -> Tra
 
 
 def _submit_rollout(
-    client: Any, data: DatasetRef, bc: Any, rollout: RolloutModel, out: Path, seed: int
+    client: Any,
+    data: DatasetRef,
+    bc: Any,
+    policy: Any,
+    rollout: RolloutModel,
+    out: Path,
+    seed: int,
 ) -> Any:
     from offaug.pipeline import stages
 
@@ -163,7 +214,9 @@ def _submit_rollout(
             stages.model_rollout_task, data, bc, dynamics, rollout, shard, 0, seed, pure=False
         )
     else:
-        part = client.submit(stages.rollout_shard, data, bc, rollout, str(out), seed, 0, pure=False)
+        part = client.submit(
+            stages.rollout_shard, data, bc, rollout, str(out), seed, 0, policy, pure=False
+        )
     return client.submit(stages.merge_rollouts, [part], str(out), rollout, pure=False)
 
 
@@ -198,6 +251,26 @@ def _run_dataset(
         )
         for seed in seeds
     }
+    trained: dict[tuple[str, str, int], Any] = {}
+
+    def submit_train(learner: str, recipe: str, seed: int, augmented: Any) -> Any:
+        if (learner, recipe, seed) not in trained:
+            overrides = {} if recipe == PLAIN else RECIPES[recipe][1]
+            trained[learner, recipe, seed] = client.submit(
+                stages.train_offline,
+                learner,
+                data,
+                augmented,
+                _train_model(learner, overrides, name, sizes),
+                evaluation,
+                str(root / name / f"{learner}-{recipe}-s{seed}"),
+                seed,
+                1,
+                plain=recipe == PLAIN,
+                pure=False,
+            )
+        return trained[learner, recipe, seed]
+
     rollouts: dict[tuple[str, int], Any] = {}
     for recipe in recipes:
         overrides, _ = RECIPES[recipe]
@@ -205,28 +278,18 @@ def _run_dataset(
         if rollout.backend == "none":
             continue
         for seed in seeds:
+            # A learner named as the rollout policy rolls out its plain run of this seed.
+            policy = (
+                None if rollout.policy == "bc" else submit_train(rollout.policy, PLAIN, seed, None)
+            )
             out = root / name / f"aug-{recipe}-s{seed}"
-            rollouts[recipe, seed] = _submit_rollout(client, data, bcs[seed], rollout, out, seed)
-    trained: dict[tuple[str, str, int], Any] = {}
+            rollouts[recipe, seed] = _submit_rollout(
+                client, data, bcs[seed], policy, rollout, out, seed
+            )
     for learner in learners:
         for recipe in [PLAIN, *recipes]:
-            train = _train_model(learner, {} if recipe == PLAIN else RECIPES[recipe][1], sizes)
             for seed in seeds:
-                augmented = rollouts.get((recipe, seed))
-                out = str(root / name / f"{learner}-{recipe}-s{seed}")
-                trained[learner, recipe, seed] = client.submit(
-                    stages.train_offline,
-                    learner,
-                    data,
-                    augmented,
-                    train,
-                    evaluation,
-                    out,
-                    seed,
-                    1,
-                    plain=recipe == PLAIN,
-                    pure=False,
-                )
+                submit_train(learner, recipe, seed, rollouts.get((recipe, seed)))
     models = dict(zip(trained, client.gather(list(trained.values())), strict=True))
     augmented_refs: dict[tuple[str, int], AugmentedRef] = dict(
         zip(rollouts, client.gather(list(rollouts.values())), strict=True)
@@ -235,11 +298,20 @@ def _run_dataset(
     diagnostics: dict[str, Any] = {}
     for recipe in recipes:
         refs = [augmented_refs[recipe, s] for s in seeds if (recipe, s) in augmented_refs]
+        policy = str(RECIPES[recipe][0].get("policy", "bc"))
         diagnostics[recipe] = {
             "rows": [r.rows for r in refs],
             "ess_fraction": [r.weight_stats.get("ess_fraction") for r in refs],
             "episode_return": [(r.metrics or {}).get("episode_return") for r in refs],
             "filter": [(r.metrics or {}).get("filter") for r in refs],
+            # The rollout policy's own greedy score, to set beside the data's.
+            "rollout_policy": policy,
+            "rollout_policy_score": [
+                (bc_refs[s].metrics.get("eval") or {}).get("normalised_score")
+                if policy == "bc"
+                else _score(models[policy, PLAIN, s])
+                for s in seeds
+            ],
         }
     first_bc = bc_refs[seeds[0]].metrics
     return {
@@ -298,9 +370,9 @@ def _records(
         "size": {
             "dataset": name,
             "transitions": result["transitions"],
-            "gradient_steps": sizes.train_steps,
+            "gradient_steps": _train_steps(name, sizes),
             "hidden": list(HIDDEN),
-            "learner_config": LEARNER_CONFIGS.get(learner, {}),
+            "learner_config": DATASETS[name].configs.get(learner, {}),
             "eval_episodes": sizes.eval_episodes,
             "bc_steps": sizes.bc_steps,
             "rollout_transitions": sizes.rollout_transitions,
@@ -321,6 +393,31 @@ def _records(
     }
 
 
+def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> list[dict[str, Any]]:
+    """The per-dataset records in ``path`` of datasets not in ``measured``, latest first wins."""
+    if path is None:
+        return []
+    import json
+
+    text = path.read_text()
+    try:
+        loaded = json.loads(text)
+        lines = loaded["results"] if isinstance(loaded, dict) else loaded
+    except json.JSONDecodeError:
+        lines = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+    wanted = {
+        f"augmentation_{d}_{learner}": d
+        for d in DATASETS
+        if d not in measured
+        for learner in learners
+    }
+    found: dict[str, dict[str, Any]] = {}
+    for record in lines:
+        if isinstance(record, dict) and record.get("benchmark") in wanted:
+            found[record["benchmark"]] = record
+    return list(found.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Pendulum only, 3 seeds, small runs")
@@ -329,6 +426,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipes", default="", help="comma-separated recipes")
     parser.add_argument("--seeds", default="", help="comma-separated training seeds")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        help=(
+            "an earlier run's JSON lines (or benchmarks/results.json): its per-dataset records"
+            " of datasets this run does not measure are emitted again and counted in the"
+            " summary records, so a long run can be done in pieces"
+        ),
+    )
     args = parser.parse_args(argv)
     out = protect_stdout()
     reporter = Reporter(out)
@@ -382,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
                 record["absolute"]["seconds"] = time.perf_counter() - started
                 reporter.emit(record)
                 records.append(record)
+    for record in _reusable(args.reuse, datasets, learners):
+        reporter.emit(record)
+        records.append(record)
     cql = [r for r in records if r["benchmark"].endswith("_cql")]
     if cql:
         won = sum(bool(r["goal_met"]) for r in cql)
