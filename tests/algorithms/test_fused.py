@@ -101,6 +101,25 @@ def test_members_start_and_sample_as_single_runs(hopper: Transitions, algorithm:
         assert torch.equal(draws, torch.randn(5, generator=single.generators[0]))
 
 
+def test_members_sample_their_own_sources_as_single_runs(hopper: Transitions) -> None:
+    """Each member mixes the original data with its own second set (a workflow's seeds each
+    have their own rollouts), drawing the batches its single-seed run on that pair draws."""
+    bounds = hopper.episode_bounds()
+    halves = [hopper.slice(0, int(bounds[2])), hopper.slice(int(bounds[2]), int(bounds[4]))]
+    options = TrainOptions(mixing=(0.5, 0.5), weighting="behaviour")
+    own = [[hopper, half] for half in halves]
+    configs = member_configs("td3bc", SMALL["td3bc"], 2)
+    fused = build_members("td3bc", own, (0, 1), configs, options)
+    for k, seed in enumerate((0, 1)):
+        single = build_members("td3bc", own[k], [seed], configs[:1], options)
+        for _ in range(3):
+            mine, theirs = fused.samplers[k].sample(), single.samplers[0].sample()
+            np.testing.assert_array_equal(mine.observations, theirs.observations)
+            np.testing.assert_array_equal(mine.set_index, theirs.set_index)
+    with pytest.raises(ValueError, match="one list per seed"):
+        build_members("td3bc", own[:1], (0, 1), configs, options)
+
+
 @pytest.mark.parametrize("algorithm", ["bc", "td3bc", "iql", "rebrac"])
 def test_fused_run_matches_single_seed_runs(
     hopper: Transitions, algorithm: str, tmp_path: Path
