@@ -7,7 +7,8 @@ then train as one :class:`~offaug.algorithms.fused.FusedTrainer`, and each write
 directory in a single-seed run's format (config.json, metrics.jsonl, checkpoint.pt that
 :func:`~offaug.algorithms.train.load_trainer` loads), so every later stage reads a member as it
 reads any other run. ``config`` may give a list for a field of the learner's
-``fused_hyperparameters``, one value per seed (a small sweep trains fused too).
+``fused_hyperparameters``, one value per seed (a small sweep trains fused too), and ``sources``
+may give a list of sources per seed (each seed of a workflow has its own augmented data).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import importlib
 import json
 import os
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeAlias, TypeVar
 
 import numpy as np
 import torch
@@ -50,6 +52,11 @@ from offaug.datasets.atomic import write_json_atomic
 from offaug.datasets.sampler import Batch, MixtureSampler
 from offaug.datasets.shards import ShardSet
 from offaug.datasets.transitions import Transitions
+
+Source: TypeAlias = str | os.PathLike[str] | Transitions | ShardSet
+"""One training source, as :func:`~offaug.algorithms.train.train` takes it."""
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +107,37 @@ def member_configs(algorithm: str, config: Mapping[str, Any], members: int) -> l
     return configs
 
 
+def member_sources(sources: Sequence[T] | Sequence[Sequence[T]], members: int) -> list[list[T]]:
+    """Each member's sources: ``sources`` for all of them, or its own list when ``sources``
+    holds one list (or tuple) per member.
+
+    Raises:
+        ValueError: lists mixed with single sources, or not one list per member.
+    """
+    lists = [isinstance(s, list | tuple) for s in sources]
+    if not any(lists):
+        return [list(typing.cast(Sequence[T], sources))] * members
+    if not all(lists) or len(sources) != members:
+        raise ValueError(f"sources: one list per seed ({members}) or one list for all seeds")
+    return [list(typing.cast(Sequence[T], s)) for s in sources]
+
+
+def load_member_sources(sources: Sequence[Sequence[Source]]) -> list[list[Transitions | ShardSet]]:
+    """Each member's sources loaded, a source that several members name loaded once."""
+    loaded: dict[Any, Transitions | ShardSet] = {}
+
+    def load(source: Source) -> Transitions | ShardSet:
+        key = os.fspath(source) if isinstance(source, str | os.PathLike) else id(source)
+        if key not in loaded:
+            loaded[key] = _load_source(source)
+        return loaded[key]
+
+    return [[load(s) for s in member] for member in sources]
+
+
 def train_fused(
     algorithm: str,
-    sources: Sequence[str | os.PathLike[str] | Transitions | ShardSet],
+    sources: Sequence[Source] | Sequence[Sequence[Source]],
     out: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     config: Mapping[str, Any] | None = None,
@@ -113,6 +148,8 @@ def train_fused(
     """Train ``options.seeds`` of ``algorithm`` together; member ``k`` writes a run directory.
 
     Args:
+        sources: The sources every member trains on, or one list of sources per seed (member
+            ``k`` samples its own list exactly as the single-seed run on that list does).
         out: A directory (members go to ``out/seed_<seed>``) or one run directory per seed.
         config: The learner's config fields; per-member fields may be lists, one per seed.
         options: As for :func:`~offaug.algorithms.train.train`, with ``seeds`` set.
@@ -133,8 +170,9 @@ def train_fused(
     run_dirs = _run_dirs(out, seeds)
     configs = member_configs(algorithm, config or {}, len(seeds))
     configure_torch(options.threads)
-    datasets = [_load_source(s) for s in sources]
-    meta, first = _meta_and_first(datasets[0])
+    per_member = member_sources(sources, len(seeds))
+    datasets = load_member_sources(per_member)
+    meta, first = _meta_and_first(datasets[0][0])
     spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
     built = build_members(algorithm, datasets, seeds, configs, options, run_dirs, resume)
     trainers, samplers, generators, preparations, start = (
@@ -157,7 +195,8 @@ def train_fused(
                 "compiled": [],
                 "spaces": spaces.to_json(),
                 "sources": [
-                    str(s) if not isinstance(s, Transitions) else "<in-memory>" for s in sources
+                    str(s) if not isinstance(s, Transitions) else "<in-memory>"
+                    for s in per_member[k]
                 ],
                 # Trained in one process with these seeds (its numbers are this seed's own).
                 "fused_seeds": seeds,
@@ -172,14 +211,19 @@ def train_fused(
     started = time.perf_counter()
     try:
         for step in range(start + 1, options.steps + 1):
-            batch = TorchBatch.from_batch(stack_numpy([s.sample() for s in samplers]), device)
+            raw = stack_numpy([s.sample() for s in samplers])
+            batch = TorchBatch.from_batch(raw, device)
+            _count_weights(preparations, batch, raw)
             pending.append(fused.update(batch))
             if step % options.log_every == 0 or step == options.steps:
                 rate = (step - start) / (time.perf_counter() - started)
                 members = _member_means(pending, len(seeds))
                 pending.clear()
                 frozen = set(fused.frozen)
-                for seed, log, metrics in zip(seeds, logs, members, strict=True):
+                for seed, log, metrics, prepare in zip(
+                    seeds, logs, members, preparations, strict=True
+                ):
+                    metrics.update(prepare.flush_metrics())
                     line = {"step": step, "kind": "train", **metrics, "steps_per_s": rate}
                     if seed in frozen:
                         line["frozen"] = True
@@ -219,8 +263,14 @@ def train_fused(
         for env in envs:
             env.close()
     runs = [
-        TrainResult(d, options.steps, result, d / "checkpoint.pt")
-        for d, result in zip(run_dirs, last, strict=True)
+        TrainResult(
+            d,
+            options.steps,
+            result,
+            d / "checkpoint.pt",
+            prepare.usage.ess_fraction() if prepare.usage is not None else None,
+        )
+        for d, result, prepare in zip(run_dirs, last, preparations, strict=True)
     ]
     return FusedResult(runs, fused.frozen)
 
@@ -241,15 +291,19 @@ class Members:
 
 def build_members(
     algorithm: str,
-    datasets: Sequence[Transitions | ShardSet],
+    datasets: Sequence[Transitions | ShardSet] | Sequence[Sequence[Transitions | ShardSet]],
     seeds: Sequence[int],
     configs: Sequence[Mapping[str, Any]],
     options: TrainOptions,
     run_dirs: Sequence[Path] = (),
     resume: bool = False,
 ) -> Members:
-    """Build, prepare (and resume) each member exactly as its single-seed run does."""
-    meta, first = _meta_and_first(datasets[0])
+    """Build, prepare (and resume) each member exactly as its single-seed run does.
+
+    ``datasets``: every member's sources, or one list per member (:func:`member_sources`).
+    """
+    per_member = member_sources(datasets, len(seeds))
+    meta, first = _meta_and_first(per_member[0][0])
     spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
     if options.weighting == "policy" or options.state_noise is not None:
         # pi/mu weights and state noise are drawn per batch by the single-seed loop only.
@@ -259,7 +313,7 @@ def build_members(
         )
     trainers, samplers, generators, starts = [], [], [], []
     preparations: list[_BatchPreparation] = []
-    for k, (seed, member_config) in enumerate(zip(seeds, configs, strict=True)):
+    for k, (seed, member_config, own) in enumerate(zip(seeds, configs, per_member, strict=True)):
         # A single-seed run's order of draws: seed, build, prepare, (resume).
         seed_everything(seed)
         trainer = registry.build(algorithm, spaces, dict(member_config), device=options.device)
@@ -268,13 +322,13 @@ def build_members(
             raise ValueError(f"--compile does not apply to fused {algorithm} ({targets})")
         sampler = make_sampler(
             trainer,
-            datasets,
+            own,
             mixing=options.mixing,
             use_weights=options.weighting != "none",
             normalise_weights=options.normalise_weights,
             seed=seed,
         )
-        prepare = _BatchPreparation(trainer, sampler, datasets, options, trainer_device(trainer))
+        prepare = _BatchPreparation(trainer, sampler, own, options, trainer_device(trainer))
         checkpoint = run_dirs[k] / "checkpoint.pt" if run_dirs else Path()
         resumes = resume and bool(run_dirs) and checkpoint.is_file()
         starts.append(_resume(trainer, sampler, prepare, checkpoint, algorithm) if resumes else 0)
@@ -294,6 +348,16 @@ def stack_numpy(batches: Sequence[Batch]) -> Batch:
         values = [getattr(b, field.name) for b in batches]
         fields[field.name] = None if values[0] is None else np.stack(values)
     return Batch(**fields)
+
+
+def _count_weights(
+    preparations: Sequence[_BatchPreparation], batch: TorchBatch, raw: Batch
+) -> None:
+    """Count each member's weights as its single-seed run does (for its ESS/N metrics)."""
+    for k, prepare in enumerate(preparations):
+        if prepare.usage is not None:
+            set_index = torch.from_numpy(raw.set_index[k].astype(np.int64)).to(batch.weights.device)
+            prepare.usage.add(batch.weights[k], set_index, None)
 
 
 def _run_dirs(

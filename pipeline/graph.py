@@ -182,6 +182,7 @@ def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads
             spec.inputs,
             *spec.args,
             resources=spec.resources,
+            aliases=spec.aliases,
         )
     names = plan.names
     # Videos and the dataset doctor for the primary seed's runs and first augmented set.

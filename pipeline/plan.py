@@ -18,6 +18,15 @@ keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``
 ``[RECIPE]``: ``bc@s1``, ``bc[RECIPE]``, ``rollout[RECIPE]:0@s1``, ``rollout[RECIPE]@s1``,
 ``train:cql-RECIPE@s1``, ``diagnose:cql-RECIPE@s1``, ``diagnose[RECIPE]@s1``. A shared stage
 has the name of the first recipe that asked for it.
+
+**Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
+(:func:`offaug.algorithms.train_fused.fusable`) trains every seed of a (recipe, learner) in
+one stage, ``fused:LEARNER-RECIPE`` (:func:`~offaug.pipeline.stages.train_offline_fused`),
+followed by one small stage per seed under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
+:func:`~offaug.pipeline.stages.member_model`) whose result is that seed's model: every later
+stage, the run index and ``stages.json`` see each seed's model as they see a per-seed
+training's. Forcing a seed's ``train:`` stage reruns the fused stage. Policy weights, state
+noise and ``train.compile`` keep one stage per seed, as do learners that do not train fused.
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ class StageSpec:
     args: tuple[Any, ...]
     """Arguments; :class:`~offaug.pipeline.scheduler.Ref` ones name other stages."""
     resources: dict[str, float] | None = None
+    aliases: tuple[str, ...] = ()
+    """Other names that force this stage (a fused training's per-seed stages)."""
 
 
 @dataclasses.dataclass
@@ -164,18 +175,103 @@ class _Planner:
                 dict(train.resources) or None,
             )
         )
-        entry = RunEntry(learner=algorithm, recipe=recipe, seed=seed, stage=name, label=label)
-        if entry not in self.plan.index["runs"]:
-            self.plan.index["runs"].append(entry)
+        self.record_run(algorithm, recipe, seed, name, label)
         return name
 
+    def record_run(self, algorithm: str, recipe: str, seed: int, stage: str, label: str) -> None:
+        entry = RunEntry(learner=algorithm, recipe=recipe, seed=seed, stage=stage, label=label)
+        if entry not in self.plan.index["runs"]:
+            self.plan.index["runs"].append(entry)
+
+    def fuses(self, train: TrainModel, algorithm: str, *, plain: bool) -> bool:
+        """Whether ``algorithm``'s seeds train as one fused stage (see the module docstring)."""
+        if not train.fuse_seeds or len(self.workflow.seeds) < 2 or train.compile:
+            return False
+        if not plain and (train.weighting == "policy" or train.state_noise is not None):
+            return False  # drawn per batch by the single-seed loop only
+        # Imported here: the learners' modules import torch, and the client that plans a run
+        # imports this module before anything heavy (offaug run takes its lock first).
+        from offaug.algorithms.train_fused import fusable
+
+        return fusable(algorithm)
+
+    def fused(
+        self,
+        train: TrainModel,
+        algorithm: str,
+        recipe: str,
+        rollouts: dict[int, str | None],
+        *,
+        plain: bool = True,
+    ) -> dict[int, str]:
+        """Every seed of (``recipe``, ``algorithm``) as one fused training stage, and one stage
+        per seed that selects its model under the per-seed name; return those names by seed."""
+        seeds = list(rollouts)
+        labels = {seed: f"{algorithm}-{recipe}{self.suffix(seed)}" for seed in seeds}
+        augmented = [r for r in rollouts.values() if r is not None]
+        if augmented and len(augmented) != len(seeds):
+            raise ValueError(f"{recipe}: augmented data for some seeds only")
+        evaluation = self.workflow.evaluation
+        config: dict[str, Any] = {
+            "train": train,
+            "evaluation": evaluation,
+            "algorithm": algorithm,
+            "seeds": seeds,
+        }
+        function: Callable[..., Any] = stages.train_offline_fused
+        if not augmented and not plain:
+            # As in train(): state noise on the original data alone (a recipe of backend none).
+            config["plain"] = False
+            function = functools.partial(function, plain=False)
+        outs = [str(self.layout.model(path_name(labels[seed]))) for seed in seeds]
+        fused = self.plan.add(
+            StageSpec(
+                f"fused:{algorithm}-{recipe}",
+                function,
+                config,
+                ("source", *augmented),
+                (
+                    algorithm,
+                    Ref("source"),
+                    RefList(tuple(augmented)) if augmented else None,
+                    train,
+                    evaluation,
+                    outs,
+                    seeds,
+                    self.threads,
+                ),
+                dict(train.resources) or None,
+                aliases=tuple(f"train:{labels[seed]}" for seed in seeds),
+            )
+        )
+        names = {}
+        for index, seed in enumerate(seeds):
+            names[seed] = self.plan.add(
+                StageSpec(
+                    f"train:{labels[seed]}",
+                    stages.member_model,
+                    {"seed": seed, "index": index},
+                    (fused,),
+                    (Ref(fused), index),
+                )
+            )
+            self.record_run(algorithm, recipe, seed, names[seed], labels[seed])
+        return names
+
     def plain(self, algorithm: str, seed: int) -> str:
-        return self.train(self.workflow.plain_train, algorithm, PLAIN, seed, None)
+        train = self.workflow.plain_train
+        if self.fuses(train, algorithm, plain=True):
+            nothing: dict[int, str | None] = dict.fromkeys(self.workflow.seeds)
+            return self.fused(train, algorithm, PLAIN, nothing)[seed]
+        return self.train(train, algorithm, PLAIN, seed, None)
 
     def trainings(self, recipe: Recipe, rollouts: dict[int, str | None]) -> None:
-        """Every learner of ``recipe`` on every seed: the one place per-seed training stages are
-        made (a trainer of several seeds at once would make one stage per learner here)."""
+        """Every learner of ``recipe`` on every seed: one fused stage per learner that fuses its
+        seeds, one stage per seed for the others."""
         for algorithm in recipe.train.algorithms:
+            if self.fuses(recipe.train, algorithm, plain=False):
+                self.fused(recipe.train, algorithm, recipe.name, rollouts, plain=False)
+                continue
             for seed, rollout in rollouts.items():
                 self.train(recipe.train, algorithm, recipe.name, seed, rollout, plain=False)
 

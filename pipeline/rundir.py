@@ -73,6 +73,8 @@ def outputs_verify(result: Any) -> bool:
         # The identity holds the infos keys of the state kind the source records (if any).
         kinds = [list(k.keys) for k in STATE_KINDS] if result.has_simulator_state else [[]]
         return any(cache_key(resolved, {"info_keys": k}) == result.identity for k in kinds)
+    if isinstance(result, list):  # a fused training's records, one per seed
+        return all(outputs_verify(r) for r in result)
     if isinstance(result, dict) and result.get("kind") == "files":
         return all(Path(p).is_file() for p in result["paths"])
     return True

@@ -100,19 +100,19 @@ class StageScheduler:
         *args: Any,
         resources: dict[str, float] | None = None,
         retries: int = 2,
+        aliases: Sequence[str] = (),
     ) -> None:
         """Add a stage: ``function(*args)`` where args may name other stages via :class:`Ref`.
 
         The stage is skipped (its recorded result reused) when its key is unchanged, its
-        outputs verify, it is not forced and none of its inputs reruns.
+        outputs verify, it is not forced (under its name or one of ``aliases``) and none of its
+        inputs reruns.
         """
         key = stage_key(name, to_json(config), [self.keys[i] for i in inputs])
         self.keys[name] = key
         self.inputs[name] = list(inputs)
         rerun_upstream = any(i in self.planned for i in inputs)
-        # A name or its family: "rollout" forces rollout:0, rollout[RECIPE]@s1, ...
-        family = re.split(r"[:\[@]", name, maxsplit=1)[0]
-        forced = any(name == f or name.startswith(f"{f}:") or family == f for f in self.forced)
+        forced = any(self._forced(n) for n in (name, *aliases))
         if not forced and not rerun_upstream:
             cached = self.records.cached(name, key)
             if cached is not None:
@@ -122,6 +122,11 @@ class StageScheduler:
                 return
         self.planned[name] = _Planned(function, args, resources, retries)
         self.event(name, "planned", {"key": key})
+
+    def _forced(self, name: str) -> bool:
+        # A name or its family: "rollout" forces rollout:0, rollout[RECIPE]@s1, ...
+        family = re.split(r"[:\[@]", name, maxsplit=1)[0]
+        return any(name == f or name.startswith(f"{f}:") or family == f for f in self.forced)
 
     def result(self, name: str) -> Any:
         """The result of a finished or skipped stage."""

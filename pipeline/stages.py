@@ -217,7 +217,7 @@ def train_offline(
 def train_offline_fused(
     algorithm: str,
     data: DatasetRef,
-    augmented: AugmentedRef | None,
+    augmented: list[AugmentedRef] | None,
     train_config: TrainModel,
     evaluation: EvaluationModel,
     outs: list[str],
@@ -228,20 +228,32 @@ def train_offline_fused(
 ) -> list[ModelRef]:
     """:func:`train_offline` for several seeds at once, as one fused run; one record per seed.
 
-    ``outs[k]`` receives what :func:`train_offline` with ``seeds[k]`` writes to its ``out``, and
-    the records are those it returns (the numbers agree to float32 rounding).
+    ``augmented[k]`` is seed ``seeds[k]``'s augmented data (``None``: every seed trains on the
+    original data). ``outs[k]`` receives what :func:`train_offline` with ``seeds[k]`` writes to
+    its ``out``, and the records are those it returns (the numbers agree to float32 rounding).
     """
     from offaug.algorithms.train_fused import train_fused  # imports torch: see the top
 
-    sources, options = _train_inputs(
-        data, augmented, train_config, evaluation, seeds[0], threads, plain=plain
-    )
-    options = dataclasses.replace(options, seeds=tuple(seeds))
+    per_seed = augmented if augmented is not None else [None] * len(seeds)
+    inputs = [
+        _train_inputs(data, a, train_config, evaluation, seed, threads, plain=plain)
+        for a, seed in zip(per_seed, seeds, strict=True)
+    ]
+    # Seeds whose options differ beyond the seed (one whose rollout filter kept no episode
+    # trains on the original data alone) train as separate fused runs.
+    groups: dict[Any, list[int]] = {}
+    for k, (_, options) in enumerate(inputs):
+        groups.setdefault(dataclasses.replace(options, seed=0), []).append(k)
     config = dict(train_config.configs.get(algorithm, {}))
     finals = [Path(o) for o in outs]
     stagings = [tmp_name(f) for f in finals]
     try:
-        train_fused(algorithm, sources, stagings, config=config, options=options)
+        for shared, members in groups.items():
+            options = dataclasses.replace(shared, seeds=tuple(seeds[k] for k in members))
+            sources = [inputs[k][0] for k in members]
+            train_fused(
+                algorithm, sources, [stagings[k] for k in members], config=config, options=options
+            )
         for staging, final in zip(stagings, finals, strict=True):
             final.parent.mkdir(parents=True, exist_ok=True)
             replace_directory(staging, final)
@@ -249,8 +261,16 @@ def train_offline_fused(
         for staging in stagings:
             shutil.rmtree(staging, ignore_errors=True)
         raise
-    name = _model_name(algorithm, augmented)
-    return [_model_ref(name, f / "checkpoint.pt", _run_metrics(f, options)) for f in finals]
+    return [
+        _model_ref(_model_name(algorithm, a), f / "checkpoint.pt", _run_metrics(f, options))
+        for a, f, (_, options) in zip(per_seed, finals, inputs, strict=True)
+    ]
+
+
+def member_model(models: list[ModelRef], index: int) -> ModelRef:
+    """The record of seed ``index`` of a :func:`train_offline_fused` stage: a stage of its own,
+    so that every later stage reads a seed's model as it reads a per-seed training's."""
+    return models[index]
 
 
 def _model_name(algorithm: str, augmented: AugmentedRef | None) -> str:

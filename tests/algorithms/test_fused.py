@@ -27,8 +27,8 @@ from offaug.algorithms.fused import FusedTrainer, stack_batches
 from offaug.algorithms.train import TrainOptions, load_trainer, train
 from offaug.algorithms.train_fused import build_members, member_configs, stack_numpy, train_fused
 from offaug.cli import app
-from offaug.datasets import Transitions, load_transitions
-from offaug.pipeline.layout import DatasetRef
+from offaug.datasets import Transitions, load_transitions, write_shard_set
+from offaug.pipeline.layout import AugmentedRef, DatasetRef
 from offaug.pipeline.stages import train_offline, train_offline_fused
 from offaug.pipeline.workflow import EvaluationModel, TrainModel
 
@@ -99,6 +99,25 @@ def test_members_start_and_sample_as_single_runs(hopper: Transitions, algorithm:
             np.testing.assert_array_equal(mine.actions, theirs.actions)
         draws = torch.randn(5, generator=fused.generators[k])
         assert torch.equal(draws, torch.randn(5, generator=single.generators[0]))
+
+
+def test_members_sample_their_own_sources_as_single_runs(hopper: Transitions) -> None:
+    """Each member mixes the original data with its own second set (a workflow's seeds each
+    have their own rollouts), drawing the batches its single-seed run on that pair draws."""
+    bounds = hopper.episode_bounds()
+    halves = [hopper.slice(0, int(bounds[2])), hopper.slice(int(bounds[2]), int(bounds[4]))]
+    options = TrainOptions(mixing=(0.5, 0.5), weighting="behaviour")
+    own = [[hopper, half] for half in halves]
+    configs = member_configs("td3bc", SMALL["td3bc"], 2)
+    fused = build_members("td3bc", own, (0, 1), configs, options)
+    for k, seed in enumerate((0, 1)):
+        single = build_members("td3bc", own[k], [seed], configs[:1], options)
+        for _ in range(3):
+            mine, theirs = fused.samplers[k].sample(), single.samplers[0].sample()
+            np.testing.assert_array_equal(mine.observations, theirs.observations)
+            np.testing.assert_array_equal(mine.set_index, theirs.set_index)
+    with pytest.raises(ValueError, match="one list per seed"):
+        build_members("td3bc", own[:1], (0, 1), configs, options)
 
 
 @pytest.mark.parametrize("algorithm", ["bc", "td3bc", "iql", "rebrac"])
@@ -268,3 +287,35 @@ def test_fused_stage_returns_the_per_seed_stages_records(make_test_dataset, tmp_
             single.metrics["train"]["critic_loss"], rel=1e-4
         )
     assert not list((tmp_path / "fused").glob(".*"))  # no staging directory left behind
+
+
+def test_fused_stage_trains_each_seed_on_its_own_augmented_data(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """Seed 0 mixes in its own shard set; seed 1's rollout filter kept nothing, so it trains on
+    the original data alone, as its per-seed stage would (a fused run of its own)."""
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset)
+    ref = DatasetRef(dataset, len(data), data.num_episodes, "", False, dict(data.meta))
+    shards = write_shard_set(data.slice(0, int(data.episode_bounds()[3])), tmp_path / "aug")
+    kept = AugmentedRef(str(shards.directory), shards.rows, shards.episodes, 1, "", {}, 0)
+    empty = AugmentedRef(str(tmp_path / "none"), 0, 0, 0, "", {}, 0)
+    train_config = TrainModel(
+        algorithms=("td3bc",), steps=10, weighting="none", configs={"td3bc": SMALL["td3bc"]}
+    )
+    evaluation = EvaluationModel(episodes=1)
+    outs = [str(tmp_path / "fused" / f"td3bc-{seed}") for seed in (0, 1)]
+    fused = train_offline_fused("td3bc", ref, [kept, empty], train_config, evaluation, outs, [0, 1])
+    for seed, augmented, record in zip((0, 1), (kept, empty), fused, strict=True):
+        single = train_offline(
+            "td3bc", ref, augmented, train_config, evaluation, str(tmp_path / f"s{seed}"), seed
+        )
+        assert record.name == single.name == "td3bc-augmented"
+        recorded = json.loads((Path(record.path).parent / "config.json").read_text())
+        assert len(recorded["sources"]) == (2 if seed == 0 else 1)
+        assert record.metrics["eval"]["returns"] == pytest.approx(
+            single.metrics["eval"]["returns"], rel=TOLERANCE
+        )
+        assert record.metrics["train"]["critic_loss"] == pytest.approx(
+            single.metrics["train"]["critic_loss"], rel=1e-4
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -446,6 +447,8 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
         tmp_path,
         seeds=[0, 1],
         rollout={"episodes": 4, "tasks": 2},
+        # One training stage per seed (the fused seeds are test_fused_seeds_match_...'s).
+        train={"fuse_seeds": False},
         recipes={"augmented": {}, "mixed": {"train": {"mixing": [0.8, 0.2]}}},
         diagnostics={"enabled": True, "max_states": 200, "k": 3},
         evaluation={"episodes": 2},
@@ -501,3 +504,53 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert page.index("<h2>Does augmentation help?</h2>") < page.index("<h2>Headline</h2>")
     assert "bc with mixed" in page
+
+
+@pytest.mark.slow
+def test_fused_seeds_match_one_stage_per_seed(cluster: Cluster, tmp_path: Path) -> None:
+    """Two seeds of td3bc trained fused (one stage per recipe) and one stage per seed leave
+    the same files in every seed's model directory and the same final returns (to float32
+    rounding: batched matrix multiplies round differently); a rerun reuses the fused stages,
+    and forcing one seed's train stage reruns its fused stage."""
+    train = {"algorithms": ["td3bc"], "configs": {"td3bc": {"hidden": [16, 16], "batch_size": 32}}}
+    sections: dict[str, Any] = {"seeds": [0, 1], "rollout": {"episodes": 4, "tasks": 2}}
+    fused_workflow = _workflow(tmp_path, train=train, **sections)
+    run_dir = tmp_path / "run"
+    fused = run_workflow(fused_workflow, run_dir, scheduler=cluster.address)
+    assert {"fused:td3bc-original", "fused:td3bc-augmented"} <= set(fused.executed)
+    stages = json.loads((run_dir / "stages.json").read_text())["stages"]
+    assert stages["fused:td3bc-augmented"]["inputs"] == ["source", "rollout", "rollout@s1"]
+    assert stages["train:td3bc-augmented@s1"]["inputs"] == ["fused:td3bc-augmented"]
+    labels = [f"td3bc-{r}{s}" for r in ("original", "augmented") for s in ("", "@s1")]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(metrics["training"]) == set(labels)
+    assert {e["seed"] for e in metrics["training"].values()} == {0, 1}
+    assert {v["recipe"]: v["seeds"] for v in metrics["verdict"]} == {"augmented": [0, 1]}
+    kept = tmp_path / "fused-models"
+    shutil.copytree(run_dir / "models", kept)
+
+    again = run_workflow(fused_workflow, run_dir, scheduler=cluster.address)
+    assert again.executed == [] and "fused:td3bc-augmented" in again.skipped
+    forced = run_workflow(
+        fused_workflow, run_dir, scheduler=cluster.address, force=["train:td3bc-augmented@s1"]
+    )
+    assert {"fused:td3bc-augmented", "train:td3bc-augmented"} <= set(forced.executed)
+    assert "fused:td3bc-original" in forced.skipped
+
+    apart_train = {**train, "fuse_seeds": False}
+    apart = run_workflow(
+        _workflow(tmp_path, train=apart_train, **sections), run_dir, scheduler=cluster.address
+    )
+    assert not any(name.startswith("fused:") for name in apart.executed)
+    assert {"bc@s1", "rollout@s1"} <= set(apart.skipped)  # the same data, reused
+    apart_metrics = json.loads((run_dir / "metrics.json").read_text())
+    for label in labels:
+        mine, theirs = kept / label, run_dir / "models" / label
+        assert {p.relative_to(mine) for p in mine.rglob("*")} == {
+            p.relative_to(theirs) for p in theirs.rglob("*")
+        }, label
+        lines = [json.loads(x) for x in (mine / "metrics.jsonl").read_text().splitlines()]
+        reference = [json.loads(x) for x in (theirs / "metrics.jsonl").read_text().splitlines()]
+        assert [list(x) for x in lines] == [list(x) for x in reference], label
+        fused_return = metrics["training"][label]["return"]
+        assert fused_return == pytest.approx(apart_metrics["training"][label]["return"], rel=1e-4)

@@ -195,3 +195,42 @@ def test_every_workflow_file_plans(tmp_path: Path) -> None:
     for path in sorted(Path("workflows").glob("*.yaml")):
         plan = _plan(load_workflow(path), tmp_path)
         assert plan.index["runs"], path
+
+
+def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None:
+    """td3bc's seeds train in one fused stage per recipe, each seed's model then its own stage
+    under the per-seed name; cql (not fusable) and arms the fused trainer refuses keep one
+    training stage per seed."""
+    sections: dict[str, Any] = dict(
+        seeds=[0, 1],
+        recipes={
+            "augmented": {},
+            "noisy": {"train": {"state_noise": {"kind": "gaussian", "scale": 0.01}}},
+        },
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(_workflow(train={"algorithms": ["td3bc", "cql"]}, **sections), tmp_path)
+    fused = [n for n in plan.names if n.startswith("fused:")]
+    assert fused == ["fused:td3bc-original", "fused:td3bc-augmented"]
+    spec = plan.stages["fused:td3bc-augmented"]
+    assert spec.inputs == ("source", "rollout", "rollout@s1")
+    models = tmp_path / "run" / "models"
+    assert spec.args[5] == [str(models / "td3bc-augmented"), str(models / "td3bc-augmented@s1")]
+    assert spec.args[6] == [0, 1]
+    assert spec.aliases == ("train:td3bc-augmented", "train:td3bc-augmented@s1")
+    assert plan.stages["train:td3bc-augmented@s1"].inputs == ("fused:td3bc-augmented",)
+    assert plan.stages["train:td3bc-augmented@s1"].args[1] == 1
+    # Not fusable, or state noise: one training stage per seed, on that seed's rollout.
+    for name in ("train:cql-augmented@s1", "train:td3bc-noisy@s1", "train:cql-noisy@s1"):
+        assert plan.stages[name].inputs == ("source", "rollout@s1"), name
+    runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
+    assert len(runs) == 2 * 3 * 2
+    assert runs[("td3bc", "augmented", 1)] == "train:td3bc-augmented@s1"
+    assert runs[("td3bc", "original", 0)] == "train:td3bc-original"
+
+    train = {"algorithms": ["td3bc", "cql"], "fuse_seeds": False}
+    apart = _plan(_workflow(train=train, **sections), tmp_path)
+    assert not any(n.startswith("fused:") for n in apart.names)
+    assert apart.stages["train:td3bc-augmented@s1"].inputs == ("source", "rollout@s1")
+    one_seed = _plan(_workflow(train={"algorithms": ["td3bc"]}), tmp_path)
+    assert not any(n.startswith("fused:") for n in one_seed.names)
