@@ -88,7 +88,8 @@ class TrainOptions:
     """Torch CPU threads (1 inside Dask workers)."""
     compile: bool = False
     """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss, after a few
-    seconds of compiling; see ``benchmarks/RESULTS.md``); other learners train as without it."""
+    seconds of compiling; figures in ``docs/performance.md``); other learners train as without
+    it."""
     seeds: tuple[int, ...] | None = None
     """Several seeds trained together as one fused run (:func:`offaug.algorithms.train_fused.
     train_fused`, each into its own run directory); ``seed`` is then unused."""
