@@ -88,7 +88,8 @@ class TrainOptions:
     """Torch CPU threads (1 inside Dask workers)."""
     compile: bool = False
     """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss, after a few
-    seconds of compiling; see ``benchmarks/RESULTS.md``); other learners train as without it."""
+    seconds of compiling; figures in ``docs/performance.md``); other learners train as without
+    it."""
     seeds: tuple[int, ...] | None = None
     """Several seeds trained together as one fused run (:func:`offaug.algorithms.train_fused.
     train_fused`, each into its own run directory); ``seed`` is then unused."""
@@ -106,7 +107,9 @@ class TrainResult:
     """ESS/N over every weighted row training used (None when unweighted)."""
 
 
-def _load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Transitions | ShardSet:
+def load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Transitions | ShardSet:
+    """A training source as data: a shard set directory opened, anything else
+    :func:`load_transitions` takes loaded, transitions and shard sets as they are."""
     if isinstance(source, (Transitions, ShardSet)):
         return source
     path = Path(os.fspath(source))
@@ -115,7 +118,9 @@ def _load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Tra
     return load_transitions(source)
 
 
-def _meta_and_first(data: Transitions | ShardSet) -> tuple[Mapping[str, Any], Transitions]:
+def meta_and_first_part(data: Transitions | ShardSet) -> tuple[Mapping[str, Any], Transitions]:
+    """The source's metadata and its first part (a shard set's first shard), whose shapes
+    and actions give the learner's spaces."""
     if isinstance(data, ShardSet):
         return data.meta, data.read(data.shards[0])
     return data.meta, data
@@ -149,8 +154,8 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_torch(options.threads)
     seed_everything(options.seed)
-    datasets = [_load_source(s) for s in sources]
-    meta, first = _meta_and_first(datasets[0])
+    datasets = [load_source(s) for s in sources]
+    meta, first = meta_and_first_part(datasets[0])
     spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
     if options.weighting == "policy":
         refusal = registry.policy_weighting_refusal(algorithm, config)
@@ -169,11 +174,11 @@ def train(
         seed=options.seed,
     )
     device = trainer_device(trainer)
-    prepare = _BatchPreparation(trainer, sampler, datasets, options, device)
+    prepare = BatchPreparation(trainer, sampler, datasets, options, device)
     checkpoint_path = run_dir / "checkpoint.pt"
     start = 0
     if resume and checkpoint_path.is_file():
-        start = _resume(trainer, sampler, prepare, checkpoint_path, algorithm)
+        start = resume_from_checkpoint(trainer, sampler, prepare, checkpoint_path, algorithm)
     write_json_atomic(
         run_dir / "config.json",
         {
@@ -229,7 +234,7 @@ def train(
                 )
                 log.flush()
             if step % options.checkpoint_every == 0 or step == options.steps:
-                _checkpoint(
+                write_checkpoint(
                     trainer, sampler, prepare, algorithm, resolved_config, spaces, step, run_dir
                 )
     if env is not None:
@@ -238,7 +243,7 @@ def train(
     return TrainResult(run_dir, options.steps, last_eval, checkpoint_path, ess)
 
 
-class _BatchPreparation:
+class BatchPreparation:
     """What happens to a sampled batch before ``update``: conversion to torch, policy weights,
     counting the weights used, state noise (in that order: pi/mu belongs to the clean state)."""
 
@@ -348,10 +353,10 @@ def _mean_metrics(pending: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     return dict(zip(names, (float(v) for v in means), strict=True))
 
 
-def _checkpoint(
+def write_checkpoint(
     trainer: Trainer,
     sampler: MixtureSampler,
-    prepare: _BatchPreparation,
+    prepare: BatchPreparation,
     algorithm: str,
     config: Any,
     spaces: Spaces,
@@ -359,6 +364,12 @@ def _checkpoint(
     run_dir: Path,
     torch_rng: torch.Tensor | None = None,
 ) -> None:
+    """Write ``run_dir/checkpoints/step_<step>.pt`` and copy it to ``run_dir/checkpoint.pt``.
+
+    Beside the trainer's state it records what a resumed run needs to continue as if never
+    stopped: the sampler's and the state noise's generators, the weights used so far, and
+    ``torch_rng`` (default torch's global generator state).
+    """
     extra: dict[str, Any] = {
         "step": step,
         "sampler_rng": sampler.rng_state(),
@@ -385,13 +396,14 @@ _STATE_NOISE_RNG = "state_noise_rng"
 """Checkpoint state key of the state-noise generator (beside ``torch_rng``, not the learner's)."""
 
 
-def _resume(
+def resume_from_checkpoint(
     trainer: Trainer,
     sampler: MixtureSampler,
-    prepare: _BatchPreparation,
+    prepare: BatchPreparation,
     path: Path,
     algorithm: str,
 ) -> int:
+    """Restore what :func:`write_checkpoint` wrote at ``path``; return the step it was at."""
     checkpoint = load_checkpoint(path)
     if checkpoint.algorithm != algorithm:
         raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint cannot resume {algorithm}")
@@ -405,6 +417,14 @@ def _resume(
     if prepare.usage is not None and "weight_usage" in checkpoint.extra:
         prepare.usage.run_totals = [float(x) for x in checkpoint.extra["weight_usage"]]
     return int(checkpoint.extra["step"])
+
+
+# Old private names, still imported by train_fused.
+_BatchPreparation = BatchPreparation
+_checkpoint = write_checkpoint
+_load_source = load_source
+_meta_and_first = meta_and_first_part
+_resume = resume_from_checkpoint
 
 
 def load_trainer(path: str | os.PathLike[str], *, device: str | None = None) -> Trainer:

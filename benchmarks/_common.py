@@ -1,4 +1,5 @@
-"""Shared helpers of offaug's benchmarks: clean JSON output, interleaved timing, cached datasets.
+"""Shared helpers of offaug's benchmarks: clean JSON output, interleaved timing, cached datasets,
+learners' update blocks (offaug's and d3rlpy's) and an update's matmul floor.
 
 Every benchmark script prints one JSON object per line on stdout and nothing else (see
 ``/work/shared/BENCHMARKS.md``). Libraries are not that careful (d3rlpy logs through structlog
@@ -99,6 +100,79 @@ def interleave_many(sides: dict[str, Callable[[], float]], repeats: int) -> dict
         for name in names[shift:] + names[:shift]:
             times[name].append(sides[name]())
     return times
+
+
+def one_cpu_thread() -> None:
+    """Torch on one CPU thread with denormals flushed, as offaug's Dask workers train."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+
+
+def update_block(trainer: Any, sampler: Any, steps: int) -> float:
+    """Seconds for ``steps`` of offaug's training step: sample a batch, update."""
+    from offaug.algorithms.batch import TorchBatch
+
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.update(TorchBatch.from_batch(sampler.sample()))
+    return time.perf_counter() - start
+
+
+def d3rlpy_update_block(algo: Any, dataset: Any, batch: int, steps: int) -> float:
+    """Seconds for ``steps`` of d3rlpy's training step: ``sample_transition_batch``, update."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        algo.update(dataset.sample_transition_batch(batch))
+    return time.perf_counter() - start
+
+
+def matmul_shapes(trainer: Any, batch: Any, updates: int = 1) -> list[tuple[str, list[list[int]]]]:
+    """The matrix multiplies of ``updates`` updates, with their operand shapes (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(updates):
+            trainer.update(batch)
+    kinds = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+    return [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events() if e.name in kinds]
+
+
+def plain_matmuls(shapes: list[tuple[str, list[list[int]]]], repeats: int) -> tuple[float, int]:
+    """Seconds per pass of the same matmuls done plainly, and their FLOPs per pass.
+
+    One pass is the update's matrix multiplies back to back with nothing else: its inverse is
+    the update's *matmul floor*, a step rate no implementation of the same multiplies exceeds.
+    """
+    import torch
+
+    ops = []
+    flops = 0
+    for name, operands in shapes:
+        if name == "aten::mm":
+            a, b = (torch.randn(*operands[0]), torch.randn(*operands[1]))
+            ops.append(lambda a=a, b=b: torch.mm(a, b))
+            flops += 2 * operands[0][0] * operands[0][1] * operands[1][1]
+        elif name == "aten::addmm":
+            bias, a, b = (torch.randn(*o) for o in operands[:3])
+            ops.append(lambda bias=bias, a=a, b=b: torch.addmm(bias, a, b))
+            flops += 2 * operands[1][0] * operands[1][1] * operands[2][1]
+        elif name == "aten::bmm":
+            a, b = (torch.randn(*operands[0]), torch.randn(*operands[1]))
+            ops.append(lambda a=a, b=b: torch.bmm(a, b))
+            flops += 2 * operands[0][0] * operands[0][1] * operands[0][2] * operands[1][2]
+        else:  # baddbmm
+            bias, a, b = (torch.randn(*o) for o in operands[:3])
+            ops.append(lambda bias=bias, a=a, b=b: torch.baddbmm(bias, a, b))
+            flops += 2 * operands[1][0] * operands[1][1] * operands[1][2] * operands[2][2]
+    for op in ops:
+        op()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for op in ops:
+            op()
+    return (time.perf_counter() - start) / repeats, flops
 
 
 def calibrate(fn: Callable[[], object], target_s: float, *, cap: int = 1_000_000) -> int:
@@ -244,3 +318,14 @@ def ensure_dataset(env_id: str, steps: int, data_format: str, seed: int = 0) -> 
         episodes=int(metadata["total_episodes"]),
         steps=int(metadata["total_steps"]),
     )
+
+
+def learner_data(quick: bool) -> tuple[Any, Any]:
+    """The learner benchmarks' data: a Hopper-v5 dataset (10,000 steps with ``quick``, else
+    50,000) as offaug's transitions and the same transitions as d3rlpy's dataset."""
+    from offaug.datasets import load_transitions
+    from offaug.datasets.interop import to_d3rlpy
+
+    generated = ensure_dataset("Hopper-v5", 10_000 if quick else 50_000, "hdf5", seed=0)
+    data = load_transitions(generated.path, cache=False)
+    return data, to_d3rlpy(data)

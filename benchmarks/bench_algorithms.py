@@ -40,11 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     Reporter,
-    ensure_dataset,
+    d3rlpy_update_block,
     interleave,
+    learner_data,
     log,
+    matmul_shapes,
+    one_cpu_thread,
+    plain_matmuls,
     protect_stdout,
     throughput_record,
+    update_block,
 )
 from _plain_loops import PLAIN_STEPS, plain_loop
 
@@ -56,7 +61,7 @@ REBRAC_GOAL = 1 / 1.3
 """ReBRAC's steps/s over offaug TD3+BC's at equal sizes and batch: its step within 1.3x."""
 
 
-def _offaug_trainer(name: str, hidden: int, batch: int, spaces: Any) -> Any:
+def offaug_trainer(name: str, hidden: int, batch: int, spaces: Any) -> Any:
     import dataclasses
 
     from offaug.algorithms import registry
@@ -79,7 +84,7 @@ def _offaug_trainer(name: str, hidden: int, batch: int, spaces: Any) -> Any:
     return registry.build(name, spaces, config, device="cpu")
 
 
-def _d3rlpy_algo(name: str, hidden: int, batch: int, dataset: Any) -> Any:
+def d3rlpy_algo(name: str, hidden: int, batch: int, dataset: Any) -> Any:
     import d3rlpy
 
     encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=[hidden, hidden])
@@ -151,18 +156,15 @@ def _measure(
     batch = 100 if name == "bcq" else 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
     torch.manual_seed(0)
-    trainer = _offaug_trainer(name, hidden, batch, spaces)
+    trainer = offaug_trainer(name, hidden, batch, spaces)
     sampler = make_sampler(trainer, [data], seed=0)
-    algo = _d3rlpy_algo(name, hidden, batch, dataset)
+    algo = d3rlpy_algo(name, hidden, batch, dataset)
 
     def offaug_block() -> float:
-        return _update_block(trainer, sampler, steps)
+        return update_block(trainer, sampler, steps)
 
     def d3rlpy_block() -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            algo.update(dataset.sample_transition_batch(batch))
-        return time.perf_counter() - start
+        return d3rlpy_update_block(algo, dataset, batch, steps)
 
     offaug_block()
     d3rlpy_block()
@@ -207,16 +209,6 @@ def _measure(
             absolute=absolute,
         )
     )
-
-
-def _update_block(trainer: Any, sampler: Any, steps: int) -> float:
-    """Seconds for ``steps`` of offaug's training step: sample a batch, update."""
-    from offaug.algorithms.batch import TorchBatch
-
-    start = time.perf_counter()
-    for _ in range(steps):
-        trainer.update(TorchBatch.from_batch(sampler.sample()))
-    return time.perf_counter() - start
 
 
 def _minimal_loop(
@@ -285,11 +277,11 @@ def _measure_rebrac(hidden: int, data: Any, steps: int, repeats: int, reporter: 
     td3bc = registry.build("td3bc", spaces, config, device="cpu")
     rebrac_sampler = make_sampler(rebrac, [data], seed=0)
     td3bc_sampler = make_sampler(td3bc, [data], seed=0)
-    _update_block(rebrac, rebrac_sampler, steps)
-    _update_block(td3bc, td3bc_sampler, steps)
+    update_block(rebrac, rebrac_sampler, steps)
+    update_block(td3bc, td3bc_sampler, steps)
     mine, theirs = interleave(
-        lambda: _update_block(rebrac, rebrac_sampler, steps),
-        lambda: _update_block(td3bc, td3bc_sampler, steps),
+        lambda: update_block(rebrac, rebrac_sampler, steps),
+        lambda: update_block(td3bc, td3bc_sampler, steps),
         repeats,
     )
     reporter.emit(
@@ -343,11 +335,11 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
     if not compiled.loss.compiled:
         raise RuntimeError("torch.compile fell back to eager (see the warning above)")
 
-    _update_block(eager, sampler, steps)
-    _update_block(compiled, sampler, steps)
+    update_block(eager, sampler, steps)
+    update_block(compiled, sampler, steps)
     mine, theirs = interleave(
-        lambda: _update_block(compiled, sampler, steps),
-        lambda: _update_block(eager, sampler, steps),
+        lambda: update_block(compiled, sampler, steps),
+        lambda: update_block(eager, sampler, steps),
         repeats,
     )
     gain = float(np.median(theirs) / np.median(mine))
@@ -376,49 +368,6 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
     )
 
 
-def _matmul_shapes(trainer: Any, batch: Any, updates: int = 1) -> list[tuple[str, list[list[int]]]]:
-    """The matrix multiplies of ``updates`` updates, with their operand shapes (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(updates):
-            trainer.update(batch)
-    kinds = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
-    return [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events() if e.name in kinds]
-
-
-def _plain_matmuls(shapes: list[tuple[str, list[list[int]]]], repeats: int) -> tuple[float, int]:
-    """Seconds per pass of the same matmuls done plainly, and their FLOPs per pass."""
-    import torch
-
-    ops = []
-    flops = 0
-    for name, operands in shapes:
-        if name == "aten::mm":
-            a, b = (torch.randn(*operands[0]), torch.randn(*operands[1]))
-            ops.append(lambda a=a, b=b: torch.mm(a, b))
-            flops += 2 * operands[0][0] * operands[0][1] * operands[1][1]
-        elif name == "aten::addmm":
-            bias, a, b = (torch.randn(*o) for o in operands[:3])
-            ops.append(lambda bias=bias, a=a, b=b: torch.addmm(bias, a, b))
-            flops += 2 * operands[1][0] * operands[1][1] * operands[2][1]
-        elif name == "aten::bmm":
-            a, b = (torch.randn(*operands[0]), torch.randn(*operands[1]))
-            ops.append(lambda a=a, b=b: torch.bmm(a, b))
-            flops += 2 * operands[0][0] * operands[0][1] * operands[0][2] * operands[1][2]
-        else:  # baddbmm
-            bias, a, b = (torch.randn(*o) for o in operands[:3])
-            ops.append(lambda bias=bias, a=a, b=b: torch.baddbmm(bias, a, b))
-            flops += 2 * operands[1][0] * operands[1][1] * operands[1][2] * operands[2][2]
-    for op in ops:
-        op()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        for op in ops:
-            op()
-    return (time.perf_counter() - start) / repeats, flops
-
-
 def _flops(
     trainer: Any, sampler: Any, steps_per_s: float, goal_steps_per_s: float
 ) -> dict[str, Any]:
@@ -443,7 +392,7 @@ def _flops(
         for _ in range(cycle):
             trainer.update(batch)
     flops = int(counter.get_total_flops()) // cycle
-    seconds, matmul_flops = _plain_matmuls(_matmul_shapes(trainer, batch, cycle), repeats=30)
+    seconds, matmul_flops = plain_matmuls(matmul_shapes(trainer, batch, cycle), repeats=30)
     seconds, matmul_flops = seconds / cycle, matmul_flops // cycle
     achieved = flops * steps_per_s
     plain = matmul_flops / seconds
@@ -469,18 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         help="learners to measure",
     )
     args = parser.parse_args(argv)
-    out = protect_stdout()
-    reporter = Reporter(out)
-    import torch
-
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    from offaug.datasets import load_transitions
-    from offaug.datasets.interop import to_d3rlpy
-
-    generated = ensure_dataset("Hopper-v5", 10_000 if args.quick else 50_000, "hdf5", seed=0)
-    data = load_transitions(generated.path, cache=False)
-    dataset = to_d3rlpy(data)
+    reporter = Reporter(protect_stdout())
+    one_cpu_thread()
+    data, dataset = learner_data(args.quick)
     repeats = 3 if args.quick else 5
     for name in args.only.split(","):
         for hidden in (64, 256):

@@ -6,7 +6,7 @@ stacked, one fused update: ``K x steps / time``) against K sequential single-see
 (one trainer's ``sample + update`` rate: K runs one after another give each seed that rate) and
 against d3rlpy 2.8 on the same data in the same process. All sides are interleaved blocks on
 one CPU thread, median of repeats. Each record carries the matmul floor of the K-member update
-(the update's ``mm/addmm/bmm/baddbmm`` shapes run back to back, ``bench_algorithms``'s helper)
+(the update's ``mm/addmm/bmm/baddbmm`` shapes run back to back, ``_common.plain_matmuls``)
 as a per-seed rate, and the fused rate's share of it.
 
 Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x; 256x256 1.1x.
@@ -27,14 +27,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Reporter, ensure_dataset, interleave_many, log, protect_stdout
-from bench_algorithms import (
-    _d3rlpy_algo,
-    _matmul_shapes,
-    _offaug_trainer,
-    _plain_matmuls,
-    _update_block,
+from _common import (
+    Reporter,
+    d3rlpy_update_block,
+    interleave_many,
+    learner_data,
+    log,
+    matmul_shapes,
+    one_cpu_thread,
+    plain_matmuls,
+    protect_stdout,
+    update_block,
 )
+from bench_algorithms import d3rlpy_algo, offaug_trainer
 
 GOALS = {64: 3.0, 256: 1.1}
 """Per-seed rate of a fused run over single-seed offaug's, at K = 5."""
@@ -51,7 +56,7 @@ def _fused(name: str, hidden: int, batch: int, spaces: Any, data: Any, members: 
     trainers, samplers, generators = [], [], []
     for seed in range(members):
         seed_everything(seed)
-        trainer = _offaug_trainer(name, hidden, batch, spaces)
+        trainer = offaug_trainer(name, hidden, batch, spaces)
         samplers.append(make_sampler(trainer, [data], seed=seed))
         trainers.append(trainer)
         generators.append(member_generator(seed, torch.device("cpu")))
@@ -75,7 +80,7 @@ def _floor(fused: Any, samplers: list[Any]) -> float:
 
     cycle = int(getattr(fused.trainers[0].config, "policy_freq", 1))
     batch = TorchBatch.from_batch(stack_numpy([s.sample() for s in samplers]))
-    seconds, _ = _plain_matmuls(_matmul_shapes(fused, batch, cycle), repeats=10)
+    seconds, _ = plain_matmuls(matmul_shapes(fused, batch, cycle), repeats=10)
     return seconds / cycle
 
 
@@ -97,20 +102,14 @@ def _measure(
     batch = 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
     torch.manual_seed(0)
-    single = _offaug_trainer(name, hidden, batch, spaces)
+    single = offaug_trainer(name, hidden, batch, spaces)
     single_sampler = make_sampler(single, [data], seed=0)
-    algo = _d3rlpy_algo(name, hidden, batch, dataset)
+    algo = d3rlpy_algo(name, hidden, batch, dataset)
     fused = {k: _fused(name, hidden, batch, spaces, data, k) for k in members}
 
-    def d3rlpy_block() -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            algo.update(dataset.sample_transition_batch(batch))
-        return time.perf_counter() - start
-
     sides = {
-        "single": lambda: _update_block(single, single_sampler, steps),
-        "d3rlpy": d3rlpy_block,
+        "single": lambda: update_block(single, single_sampler, steps),
+        "d3rlpy": lambda: d3rlpy_update_block(algo, dataset, batch, steps),
         **{f"fused_{k}": (lambda k=k: _fused_block(*fused[k], steps)) for k in members},
     }
     for side in sides.values():
@@ -149,18 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few minutes")
     parser.add_argument("--only", default="bc,td3bc,iql", help="learners to measure")
     args = parser.parse_args(argv)
-    out = protect_stdout()
-    reporter = Reporter(out)
-    import torch
-
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    from offaug.datasets import load_transitions
-    from offaug.datasets.interop import to_d3rlpy
-
-    generated = ensure_dataset("Hopper-v5", 10_000 if args.quick else 50_000, "hdf5", seed=0)
-    data = load_transitions(generated.path, cache=False)
-    dataset = to_d3rlpy(data)
+    reporter = Reporter(protect_stdout())
+    one_cpu_thread()
+    data, dataset = learner_data(args.quick)
     repeats = 3 if args.quick else 5
     members = [1, 2, 5, 10]
     for name in args.only.split(","):

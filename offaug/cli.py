@@ -104,7 +104,7 @@ def train_command(
         bool,
         typer.Option(
             "--compile/--no-compile",
-            help="torch.compile the learner where it pays (see benchmarks/RESULTS.md).",
+            help="torch.compile the learner where it pays (see docs/performance.md).",
         ),
     ] = False,
 ) -> None:

@@ -156,11 +156,11 @@ def rank(
     """Rank policies by greedy episodes from the same start states, on a weighted score."""
     import os
 
-    from distributed import Client, LocalCluster
-
+    from offaug.pipeline.clusters import connected
     from offaug.pipeline.diagnostics import rank_checkpoints
     from offaug.pipeline.rank_metric import RankMetricError, parse_rank_metric
     from offaug.pipeline.render import resolve_policy
+    from offaug.pipeline.workflow import ClusterModel
 
     try:
         weights = parse_rank_metric(metric)
@@ -177,31 +177,21 @@ def rank(
         )
         raise typer.Exit(code=2)
     paths = [str(t.checkpoint) for t in targets]
-    cluster = None
-    if scheduler is None:
-        # Dask's client API is untyped (mypy: no-untyped-call on these two calls).
-        cluster = LocalCluster(  # type: ignore[no-untyped-call]
-            n_workers=workers or min(len(paths), os.cpu_count() or 1),
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",
+    local = ClusterModel(workers=workers or min(len(paths), os.cpu_count() or 1))
+    with (
+        connected(local, scheduler) as client,
+        console.status(f"rolling {len(paths)} policies from {starts} start states"),
+    ):
+        ranking = rank_checkpoints(
+            paths,
+            first.meta,
+            starts,
+            [seed],
+            client,
+            metric=weights,
+            env_id=first.env_id,
+            bootstrap_seed=seed,
         )
-    with Client(cluster or scheduler, timeout="30s") as client:  # type: ignore[no-untyped-call]
-        try:
-            with console.status(f"rolling {len(paths)} policies from {starts} start states"):
-                ranking = rank_checkpoints(
-                    paths,
-                    first.meta,
-                    starts,
-                    [seed],
-                    client,
-                    metric=weights,
-                    env_id=first.env_id,
-                    bootstrap_seed=seed,
-                )
-        finally:
-            if cluster is not None:
-                cluster.close()
     if json_output:
         from offaug.pipeline.diagnostics import jsonable
 

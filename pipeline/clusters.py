@@ -1,33 +1,62 @@
-"""The Dask cluster a workflow runs on: local, an existing scheduler, SLURM or Kubernetes.
+"""The Dask cluster offaug runs on: local, an existing scheduler, SLURM or Kubernetes.
 
-:func:`connect` gives the client (and the cluster it started, if any). SLURM clusters are built
-with dask-jobqueue, Kubernetes ones with dask-kubernetes' operator; both are optional
-dependencies (the ``cluster`` extra), so they are imported where they are used. ``cluster.job``
-passes keyword arguments through (SLURM: ``queue``, ``account``, ``walltime``, ``memory``,
-``job_extra_directives``, ...; Kubernetes: ``image`` (one with offaug installed),
+:func:`connect` gives the client (and the cluster it started, if any), its workers set up by
+:func:`prepare_workers`; :func:`connected` is the same as a context manager that closes both. A
+workflow run and ``offaug rank`` both get their cluster here. SLURM
+clusters are built with dask-jobqueue, Kubernetes ones with dask-kubernetes' operator; both are
+optional dependencies (the ``cluster`` extra), so they are imported where they are used.
+``cluster.job`` passes keyword arguments through (SLURM: ``queue``, ``account``, ``walltime``,
+``memory``, ``job_extra_directives``, ...; Kubernetes: ``image`` (one with offaug installed),
 ``namespace``, ``resources``, ``env``). :func:`slurm_job_script` and :func:`kubernetes_spec`
 show what would be submitted without submitting anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from distributed import Client, LocalCluster
 
-from offaug.pipeline.workflow import ClusterModel, Workflow
+from offaug.pipeline.workers import WorkerSetup
+from offaug.pipeline.workflow import ClusterModel
 
 DEFAULT_IMAGE = "ghcr.io/dask/dask:latest"
 
 
-def connect(workflow: Workflow, scheduler: str | None) -> tuple[Client, Any]:
+def connect(config: ClusterModel, scheduler: str | None = None) -> tuple[Client, Any]:
     """A Dask client and the cluster started for it (``None`` when it joined a scheduler).
 
-    ``scheduler`` or ``cluster.address`` if given, a SLURM or Kubernetes cluster for those
-    kinds, else a LocalCluster of ``cluster.workers`` processes (one per core by default).
+    ``scheduler`` or ``config.address`` if given, a SLURM or Kubernetes cluster for those
+    kinds, else a LocalCluster of ``config.workers`` processes (one per core by default) with
+    its dashboard on a free port. Its workers are set up by :func:`prepare_workers`.
     """
-    config = workflow.cluster
+    client, cluster = _start(config, scheduler)
+    prepare_workers(client, config.threads_per_worker)
+    return client, cluster
+
+
+@contextlib.contextmanager
+def connected(config: ClusterModel, scheduler: str | None = None) -> Iterator[Client]:
+    """:func:`connect`'s client; on leaving, it closes and so does any cluster it started."""
+    client, cluster = connect(config, scheduler)
+    try:
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def prepare_workers(client: Client, threads: int) -> None:
+    """Set every worker up for offaug's tasks (:class:`~offaug.pipeline.workers.WorkerSetup`):
+    torch and BLAS pinned to ``threads`` threads, torch imported in the background."""
+    client.register_plugin(WorkerSetup(threads))
+
+
+def _start(config: ClusterModel, scheduler: str | None) -> tuple[Client, Any]:
     address = scheduler or (config.address if config.kind == "address" else None)
     if address:
         return Client(address, timeout="30s"), None

@@ -38,13 +38,12 @@ from typing import Any
 from distributed import Client
 
 from offaug.pipeline import media_stages, stages
-from offaug.pipeline.clusters import connect
+from offaug.pipeline.clusters import connect, prepare_workers
 from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.plan import plan_workflow
 from offaug.pipeline.rundir import StageRecords, append_log, write_workflow
 from offaug.pipeline.runlock import LockHolder, RunDirectoryLocked, RunLock, describe_takeover
 from offaug.pipeline.scheduler import EventCallback, Ref, RefList, StageFailed, StageScheduler
-from offaug.pipeline.workers import WorkerSetup
 from offaug.pipeline.workflow import Workflow
 
 __all__ = ["RunDirectoryLocked", "RunResult", "StageFailed", "run_workflow"]
@@ -130,10 +129,11 @@ def _run_locked(
     event = on_event or (lambda *_: None)
     cluster = None
     own_client = client is None
-    if client is None:
-        client, cluster = connect(workflow, scheduler)
     threads = workflow.cluster.threads_per_worker
-    client.register_plugin(WorkerSetup(threads))
+    if client is None:
+        client, cluster = connect(workflow.cluster, scheduler)
+    else:
+        prepare_workers(client, threads)
     dashboard = getattr(client, "dashboard_link", None)
     graph = StageScheduler(client, records, forced, event, threads)
     try:

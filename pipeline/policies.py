@@ -1,6 +1,6 @@
 """Rollout policies: the BC policy as numpy matrices, and a trained learner around it.
 
-For a rollout step's small batch, numpy's per-call overhead is half of torch's, and the loop
+For a rollout step's small batch, numpy's per-call overhead is below torch's, and the loop
 never leaves numpy; :class:`BCRolloutPolicy` copies a trained BC network's linear layers and
 the action normaliser's affine map (:class:`offaug.pipeline.behaviour.ActionBox`) out of torch
 once. :class:`LearnerRolloutPolicy` rolls out a trained offline learner instead: the noise is

@@ -109,8 +109,9 @@ class BCConfigModel(_Strict):
     compile: bool = Field(
         False,
         description=(
-            "torch.compile the Gaussian BC loss: 1.13x (256x256) to 1.42x (64x64) steps/s on one"
-            " CPU thread after 3-11 s of compiling; pays for runs of tens of thousands of steps."
+            "torch.compile the Gaussian BC loss: more steps per second once compiled, after a"
+            " few seconds of compiling, so it pays for long runs (figures in"
+            " docs/performance.md)."
         ),
     )
     evaluation_episodes: int = Field(

@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from distributed import Client, LocalCluster
 from typer.testing import CliRunner
 
 from offaug.cli import app
 from offaug.datasets import load_transitions
+from offaug.pipeline.workers import WorkerSetup
 from tests.pipeline.point_policies import make_run
 
 runner = CliRunner()
@@ -50,6 +52,23 @@ def test_rank_prints_a_weighted_ranking_with_intervals(
         assert weighted["metric"] == "return:0.7,-length:0.3"
         assert weighted["low"] <= weighted["score"] <= weighted["high"]
         assert len(entry["rank_by"]) == 3
+
+
+def test_rank_joins_a_running_scheduler_sets_its_workers_up_and_leaves_it_running(
+    two_checkpoints: tuple[str, list[Path]],
+) -> None:
+    _, runs = two_checkpoints
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster.scheduler_address, timeout="30s") as client,
+    ):
+        args = ["rank", str(runs[0]), str(runs[1]), "--starts", "2", "--json"]
+        ranked = runner.invoke(app, [*args, "--scheduler", cluster.scheduler_address])
+        assert ranked.exit_code == 0, ranked.output
+        assert [e["rank"] for e in json.loads(ranked.stdout)] == [1, 2]
+        plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+        assert plugins and all(WorkerSetup.name in names for names in plugins.values())
+        assert len(client.scheduler_info()["workers"]) == 1
 
 
 def test_rank_refuses_a_bad_metric_before_rolling_anything(
