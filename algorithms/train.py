@@ -419,14 +419,6 @@ def resume_from_checkpoint(
     return int(checkpoint.extra["step"])
 
 
-# Old private names, still imported by train_fused.
-_BatchPreparation = BatchPreparation
-_checkpoint = write_checkpoint
-_load_source = load_source
-_meta_and_first = meta_and_first_part
-_resume = resume_from_checkpoint
-
-
 def load_trainer(path: str | os.PathLike[str], *, device: str | None = None) -> Trainer:
     """A trainer restored from a checkpoint (for ``act`` and ``log_prob``)."""
     checkpoint = load_checkpoint(path)

@@ -38,15 +38,15 @@ from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
 from offaug.algorithms.fused import FusedTrainer, member_generator
 from offaug.algorithms.train import (
+    BatchPreparation,
     TrainOptions,
     TrainResult,
-    _BatchPreparation,
-    _checkpoint,
-    _load_source,
-    _meta_and_first,
-    _resume,
+    load_source,
     make_sampler,
+    meta_and_first_part,
+    resume_from_checkpoint,
     trainer_device,
+    write_checkpoint,
 )
 from offaug.datasets.atomic import write_json_atomic
 from offaug.datasets.sampler import Batch, MixtureSampler
@@ -129,7 +129,7 @@ def load_member_sources(sources: Sequence[Sequence[Source]]) -> list[list[Transi
     def load(source: Source) -> Transitions | ShardSet:
         key = os.fspath(source) if isinstance(source, str | os.PathLike) else id(source)
         if key not in loaded:
-            loaded[key] = _load_source(source)
+            loaded[key] = load_source(source)
         return loaded[key]
 
     return [[load(s) for s in member] for member in sources]
@@ -172,7 +172,7 @@ def train_fused(
     configure_torch(options.threads)
     per_member = member_sources(sources, len(seeds))
     datasets = load_member_sources(per_member)
-    meta, first = _meta_and_first(datasets[0][0])
+    meta, first = meta_and_first_part(datasets[0][0])
     spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
     built = build_members(algorithm, datasets, seeds, configs, options, run_dirs, resume)
     trainers, samplers, generators, preparations, start = (
@@ -246,7 +246,7 @@ def train_fused(
                 for k, run_dir in enumerate(run_dirs):
                     member = fused.member(k)
                     rng = generators[k].get_state() if generators[k].device.type == "cpu" else None
-                    _checkpoint(
+                    write_checkpoint(
                         member,
                         samplers[k],
                         preparations[k],
@@ -283,7 +283,7 @@ class Members:
     samplers: list[MixtureSampler]
     generators: list[torch.Generator]
     """Each member's noise stream (:func:`~offaug.algorithms.fused.member_generator`)."""
-    preparations: list[_BatchPreparation]
+    preparations: list[BatchPreparation]
     """Each member's batch preparation (what its checkpoints record besides the trainer)."""
     start: int
     """The step every member resumes from (0 for a fresh run)."""
@@ -303,7 +303,7 @@ def build_members(
     ``datasets``: every member's sources, or one list per member (:func:`member_sources`).
     """
     per_member = member_sources(datasets, len(seeds))
-    meta, first = _meta_and_first(per_member[0][0])
+    meta, first = meta_and_first_part(per_member[0][0])
     spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
     if options.weighting == "policy" or options.state_noise is not None:
         # pi/mu weights and state noise are drawn per batch by the single-seed loop only.
@@ -312,7 +312,7 @@ def build_members(
             "these seeds one by one (offaug train without --seeds, or train.fuse_seeds: false)"
         )
     trainers, samplers, generators, starts = [], [], [], []
-    preparations: list[_BatchPreparation] = []
+    preparations: list[BatchPreparation] = []
     for k, (seed, member_config, own) in enumerate(zip(seeds, configs, per_member, strict=True)):
         # A single-seed run's order of draws: seed, build, prepare, (resume).
         seed_everything(seed)
@@ -328,10 +328,14 @@ def build_members(
             normalise_weights=options.normalise_weights,
             seed=seed,
         )
-        prepare = _BatchPreparation(trainer, sampler, own, options, trainer_device(trainer))
+        prepare = BatchPreparation(trainer, sampler, own, options, trainer_device(trainer))
         checkpoint = run_dirs[k] / "checkpoint.pt" if run_dirs else Path()
         resumes = resume and bool(run_dirs) and checkpoint.is_file()
-        starts.append(_resume(trainer, sampler, prepare, checkpoint, algorithm) if resumes else 0)
+        starts.append(
+            resume_from_checkpoint(trainer, sampler, prepare, checkpoint, algorithm)
+            if resumes
+            else 0
+        )
         preparations.append(prepare)
         trainers.append(trainer)
         samplers.append(sampler)
@@ -350,9 +354,7 @@ def stack_numpy(batches: Sequence[Batch]) -> Batch:
     return Batch(**fields)
 
 
-def _count_weights(
-    preparations: Sequence[_BatchPreparation], batch: TorchBatch, raw: Batch
-) -> None:
+def _count_weights(preparations: Sequence[BatchPreparation], batch: TorchBatch, raw: Batch) -> None:
     """Count each member's weights as its single-seed run does (for its ESS/N metrics)."""
     for k, prepare in enumerate(preparations):
         if prepare.usage is not None:
