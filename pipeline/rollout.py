@@ -395,7 +395,9 @@ class _Rollout:
         dropped = 0
         if self.episode_filter is not None:
             start_rows = np.asarray(self.episodes.start_rows, dtype=np.int64)
-            keep = self.episode_filter.keep(returns, lengths, start_rows)
+            ends = np.cumsum(lengths) - 1
+            terminated = np.asarray(data["terminals"], dtype=bool)[ends]
+            keep = self.episode_filter.keep(returns, lengths, start_rows, terminated)
             data = keep_episodes(data, lengths, keep)
             lengths, returns = lengths[keep], returns[keep]
             dropped = int((~keep).sum())

@@ -70,6 +70,8 @@ class ReturnBaseline:
     """(N,) steps from each row to the end of its episode, the row included."""
     reward_per_step: float
     """The data's mean reward per step (its mean episode return per step)."""
+    episode_return: float = 0.0
+    """The data's mean episode return."""
 
     @classmethod
     def from_transitions(cls, data: Transitions) -> ReturnBaseline:
@@ -82,13 +84,27 @@ class ReturnBaseline:
             prefix=np.concatenate(([0.0], np.cumsum(rewards))),
             steps_left=(ends - np.arange(len(rewards))).astype(np.int64),
             reward_per_step=float(rewards.mean()) if len(rewards) else 0.0,
+            episode_return=float(rewards.sum() / len(lengths)) if len(lengths) else 0.0,
         )
 
-    def expected_returns(self, start_rows: IntArray, lengths: IntArray) -> FloatArray:
-        """What the data earns from each start row (or a reset) over each length."""
+    def expected_returns(
+        self,
+        start_rows: IntArray,
+        lengths: IntArray,
+        terminated: npt.NDArray[np.bool_] | None = None,
+    ) -> FloatArray:
+        """What the data earns from each start row (or a reset) over each length.
+
+        A reset episode that ended by termination (a fall) is held to the data's whole mean
+        episode return: its length is the policy's doing, and a short fall must not pass on a
+        high reward per step.
+        """
         starts = np.asarray(start_rows, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
         expected = self.reward_per_step * lengths.astype(np.float64)
+        if terminated is not None:
+            fell = (starts < 0) & np.asarray(terminated, dtype=bool)
+            expected[fell] = np.maximum(expected[fell], self.episode_return)
         branched = starts >= 0
         long_enough = np.zeros(len(starts), dtype=bool)
         long_enough[branched] = self.steps_left[starts[branched]] >= lengths[branched]
@@ -106,10 +122,14 @@ class EpisodeFilter:
     """Reward per step an episode may fall short of the data by and still be kept."""
 
     def keep(
-        self, returns: FloatArray, lengths: IntArray, start_rows: IntArray
+        self,
+        returns: FloatArray,
+        lengths: IntArray,
+        start_rows: IntArray,
+        terminated: npt.NDArray[np.bool_] | None = None,
     ) -> npt.NDArray[Any]:
-        """(episodes,) bool: which episodes to keep."""
-        expected = self.baseline.expected_returns(start_rows, lengths)
+        """(episodes,) bool: which episodes to keep (``terminated``: which ended by a fall)."""
+        expected = self.baseline.expected_returns(start_rows, lengths, terminated)
         allowed = expected - self.margin * np.asarray(lengths, dtype=np.float64)
         kept: npt.NDArray[np.bool_] = np.asarray(returns, dtype=np.float64) >= allowed
         return kept

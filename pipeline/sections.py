@@ -190,7 +190,8 @@ class RolloutModel(_Strict):
         description=(
             "'data': drop augmented episodes that earn less than the data (a branch: the"
             " data's own continuation from its start over as many steps, or the data's mean"
-            " reward per step times its length; a reset: the data's mean reward per step)."
+            " reward per step times its length; a reset: the data's mean reward per step, or its"
+            " mean episode return when the episode ended by termination)."
         ),
     )
     filter_margin: float = Field(

@@ -230,6 +230,22 @@ def test_the_baseline_compares_with_the_datas_own_continuation() -> None:
     # 5 >= 6 - 1.5; 5 >= 5 - 1; 31 >= 30 - 1; 0 < 2 * 7.2 - 1; the reset episode matches.
     np.testing.assert_array_equal(keep, [True, True, True, False, True])
 
+    # A reset episode that fell is held to the data's mean episode return (36 / 2 = 18), however
+    # high its reward per step; one cut by the time limit or a horizon to the reward per step.
+    assert baseline.episode_return == 18.0
+    resets = np.array([RESET_START, RESET_START, RESET_START])
+    short = np.array([2, 2, 3])
+    fell = np.array([True, True, False])
+    np.testing.assert_allclose(
+        baseline.expected_returns(resets, short, fell), [18.0, 18.0, 3 * per_step]
+    )
+    keep = EpisodeFilter(baseline).keep(
+        np.array([17.0, 18.0, 3 * per_step + 1e-3]), short, resets, fell
+    )
+    np.testing.assert_array_equal(keep, [False, True, True])
+    # 17 over 2 steps beats the reward per step (7.2) but not the data's episodes.
+    assert EpisodeFilter(baseline).keep(np.array([17.0]), short[:1], resets[:1])[0]
+
 
 def _bc(dataset_id: str, out: Path, steps: int = 60) -> Path:
     run = train(
