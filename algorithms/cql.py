@@ -39,7 +39,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch import nn
 
 from offaug.algorithms.base import (
     Spaces,
@@ -230,14 +229,18 @@ class CQL:
         self.critic = CriticEnsemble(obs_dim, act_dim, cfg.hidden, cfg.n_critics).to(self.device)
         self.critic_target = frozen_copy(self.critic)
         # Modules of their own, so that a fused run stacks and steps them as it does networks.
-        self.log_temperature_module = LearnedScalar(math.log(cfg.initial_temperature))
-        self.log_temperature_module.to(self.device)
-        self.log_alpha_module = LearnedScalar(math.log(cfg.initial_alpha), requires_grad=cfg.lagrange)
-        self.log_alpha_module.to(self.device)
+        self.log_temperature_module = LearnedScalar(math.log(cfg.initial_temperature)).to(
+            self.device
+        )
+        self.log_alpha_module = LearnedScalar(
+            math.log(cfg.initial_alpha), requires_grad=cfg.lagrange
+        ).to(self.device)
         self.actor_optimizer = adam(self.actor.parameters(), cfg.actor_learning_rate)
         self.critic_optimizer = adam(self.critic.parameters(), cfg.critic_learning_rate)
-        self.temperature_optimizer = adam([self.log_temperature], cfg.temp_learning_rate)
-        self.alpha_optimizer = adam([self.log_alpha], cfg.alpha_learning_rate)
+        self.temperature_optimizer = adam(
+            self.log_temperature_module.parameters(), cfg.temp_learning_rate
+        )
+        self.alpha_optimizer = adam(self.log_alpha_module.parameters(), cfg.alpha_learning_rate)
         self._optimizers = [self.actor_optimizer, self.critic_optimizer, self.temperature_optimizer]
         if cfg.lagrange:
             self._optimizers.append(self.alpha_optimizer)

@@ -46,7 +46,7 @@ def cql_fused_spec(trainer: CQL) -> FusedSpec:
             trainer.temperature_optimizer, "log_temperature", "temp_learning_rate"
         ),
     }
-    metrics = METRICS
+    metrics: tuple[str, ...] = METRICS
     if trainer.config.lagrange:
         optimizers["alpha"] = OptimizerSpec(
             trainer.alpha_optimizer, "log_alpha", "alpha_learning_rate"

@@ -53,8 +53,9 @@ class Draws:
 
     def uniform(self, shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
         """Noise uniform on ``[low, high)`` (``Tensor.uniform_``'s draw)."""
-        noise = torch.empty(shape, device=self._source).uniform_(low, high, generator=self.generator)
-        return noise.to(self.device)
+        noise = torch.empty(shape, device=self._source)
+        return noise.uniform_(low, high, generator=self.generator).to(self.device)
+
 
 PhaseLoss = Callable[
     [TorchBatch, Mapping[str, torch.Tensor], Hyper], tuple[torch.Tensor, dict[str, torch.Tensor]]
