@@ -276,15 +276,21 @@ def test_stack_batches_matches_stacking_numpy(hopper: Transitions) -> None:
     assert torch.equal(stacked.observations, TorchBatch.from_batch(stack_numpy(raw)).observations)
 
 
-def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql"])
+def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path, algorithm: str) -> None:
     options = TrainOptions(steps=12, log_every=6, eval_every=0, checkpoint_every=6, seeds=(0, 1))
     whole = train_fused(
-        "td3bc", [hopper], tmp_path / "whole", config=SMALL["td3bc"], options=options
+        algorithm, [hopper], tmp_path / "whole", config=SMALL[algorithm], options=options
     )
     half = dataclasses.replace(options, steps=6)
-    train_fused("td3bc", [hopper], tmp_path / "parts", config=SMALL["td3bc"], options=half)
+    train_fused(algorithm, [hopper], tmp_path / "parts", config=SMALL[algorithm], options=half)
     resumed = train_fused(
-        "td3bc", [hopper], tmp_path / "parts", config=SMALL["td3bc"], options=options, resume=True
+        algorithm,
+        [hopper],
+        tmp_path / "parts",
+        config=SMALL[algorithm],
+        options=options,
+        resume=True,
     )
     for mine, theirs in zip(resumed.runs, whole.runs, strict=True):
         a, b = load_trainer(mine.checkpoint), load_trainer(theirs.checkpoint)
