@@ -39,7 +39,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch import nn
 
 from offaug.algorithms.base import (
     Spaces,
@@ -51,7 +50,9 @@ from offaug.algorithms.base import (
     weighted_mean,
 )
 from offaug.algorithms.batch import TorchBatch, to_tensor
+from offaug.algorithms.cql_fused import cql_fused_spec
 from offaug.algorithms.distributions import ActionNormaliser, tanh_gaussian
+from offaug.algorithms.fusing import Draws, FusedSpec, Hyper, config_hyperparameters
 from offaug.algorithms.kernels import ensemble_values
 from offaug.algorithms.losses import (
     ensemble_td_loss,
@@ -59,7 +60,7 @@ from offaug.algorithms.losses import (
     td_target,
     temperature_loss,
 )
-from offaug.algorithms.networks import CriticEnsemble, TanhGaussianActor
+from offaug.algorithms.networks import CriticEnsemble, LearnedScalar, TanhGaussianActor
 
 ALPHA_MAX = 1e6
 """Upper clip of the conservative weight ``exp(log_alpha)`` (d3rlpy and the authors' code)."""
@@ -199,6 +200,19 @@ class CQL:
     """Continuous CQL trainer (SAC actor, ``n_critics`` critics in one :class:`CriticEnsemble`)."""
 
     name = "cql"
+    fused_hyperparameters: tuple[str, ...] = (
+        "actor_learning_rate",
+        "critic_learning_rate",
+        "temp_learning_rate",
+        "alpha_learning_rate",
+        "gamma",
+        "tau",
+        "conservative_weight",
+        "alpha_threshold",
+        "initial_temperature",
+        "initial_alpha",
+    )
+    """Config fields that may differ between the members of a fused run."""
 
     def __init__(
         self, spaces: Spaces, config: CQLConfig | None = None, *, device: str | None = None
@@ -214,17 +228,19 @@ class CQL:
         self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden).to(self.device)
         self.critic = CriticEnsemble(obs_dim, act_dim, cfg.hidden, cfg.n_critics).to(self.device)
         self.critic_target = frozen_copy(self.critic)
-        self.log_temperature = nn.Parameter(
-            torch.tensor(math.log(cfg.initial_temperature), device=self.device)
+        # Modules of their own, so that a fused run stacks and steps them as it does networks.
+        self.log_temperature_module = LearnedScalar(math.log(cfg.initial_temperature)).to(
+            self.device
         )
-        self.log_alpha = nn.Parameter(
-            torch.tensor(math.log(cfg.initial_alpha), device=self.device),
-            requires_grad=cfg.lagrange,
-        )
+        self.log_alpha_module = LearnedScalar(
+            math.log(cfg.initial_alpha), requires_grad=cfg.lagrange
+        ).to(self.device)
         self.actor_optimizer = adam(self.actor.parameters(), cfg.actor_learning_rate)
         self.critic_optimizer = adam(self.critic.parameters(), cfg.critic_learning_rate)
-        self.temperature_optimizer = adam([self.log_temperature], cfg.temp_learning_rate)
-        self.alpha_optimizer = adam([self.log_alpha], cfg.alpha_learning_rate)
+        self.temperature_optimizer = adam(
+            self.log_temperature_module.parameters(), cfg.temp_learning_rate
+        )
+        self.alpha_optimizer = adam(self.log_alpha_module.parameters(), cfg.alpha_learning_rate)
         self._optimizers = [self.actor_optimizer, self.critic_optimizer, self.temperature_optimizer]
         if cfg.lagrange:
             self._optimizers.append(self.alpha_optimizer)
@@ -233,11 +249,46 @@ class CQL:
         self.random_log_density = -act_dim * math.log(2.0)
         self.steps = 0
 
+    @property
+    def log_temperature(self) -> torch.Tensor:
+        """The log entropy temperature."""
+        return self.log_temperature_module.value
+
+    @property
+    def log_alpha(self) -> torch.Tensor:
+        """The log multiplier of the conservative penalty (trained only when ``lagrange``)."""
+        return self.log_alpha_module.value
+
     # -- one step ------------------------------------------------------------------------------
 
-    def losses(self, batch: TorchBatch) -> CQLLosses:
-        """All losses of one step from one pass of the actor and one pass of the critics."""
+    def hyperparameters(self) -> dict[str, float]:
+        """The values of :attr:`fused_hyperparameters` (the losses read them from here)."""
+        return config_hyperparameters(self.config, self.fused_hyperparameters)
+
+    def draw_noise(self, batch_size: int, draws: Draws) -> dict[str, torch.Tensor]:
+        """The step's random draws, in this order: the policy's Gaussian noise for ``s`` and
+        ``s'`` together, ``(n + 1, 2B, act)``, then the uniform actions ``(n, B, act)``."""
+        n, act_dim = self.config.n_action_samples, self.spaces.action_dim
+        return {
+            "policy": draws((n + 1, 2 * batch_size, act_dim)),
+            "uniform": draws.uniform((n, batch_size, act_dim), -1.0, 1.0),
+        }
+
+    def losses(
+        self,
+        batch: TorchBatch,
+        noise: Mapping[str, torch.Tensor] | None = None,
+        hyper: Hyper | None = None,
+    ) -> CQLLosses:
+        """All losses of one step from one pass of the actor and one pass of the critics.
+
+        ``noise`` (:meth:`draw_noise`'s) is drawn from the global generator when not given;
+        ``hyper`` defaults to :meth:`hyperparameters`.
+        """
         cfg = self.config
+        if noise is None:
+            noise = self.draw_noise(len(batch.rewards), Draws(self.device))
+        hyper = self.hyperparameters() if hyper is None else hyper
         n = cfg.n_action_samples
         obs, next_obs, weights = batch.observations, batch.next_observations, batch.weights
         batch_size, act_dim = obs.shape[0], self.spaces.action_dim
@@ -251,22 +302,20 @@ class CQL:
             next_mean, next_log_std = self.actor.mean_log_std(next_obs)
         # Sample 0 of each state feeds the actor loss (at s) and the soft backup (at s');
         # samples 1..n feed the log-sum-exp. (n + 1, 2B, act) noise for s and s' together.
-        noise = torch.randn((n + 1, 2 * batch_size, act_dim), device=self.device)
         sampled, log_prob = tanh_gaussian(
-            torch.cat([mean, next_mean]), torch.cat([log_std, next_log_std]), noise
+            torch.cat([mean, next_mean]), torch.cat([log_std, next_log_std]), noise["policy"]
         )  # (n + 1, 2B, act), (n + 1, 2B)
 
         with torch.no_grad():
             next_values = self._next_values(
                 next_obs, next_mean, sampled[:, batch_size:], log_prob[:, batch_size:], temperature
             )
-            target = td_target(batch.rewards, batch.terminals, next_values, cfg.gamma)
+            target = td_target(batch.rewards, batch.terminals, next_values, hyper["gamma"])
 
         # Every critic input of the step in one ensemble evaluation, all scored at s:
         # the data action (1), policy actions at s and at s' (2n) and uniform actions (n).
         policy_actions = sampled[1:].detach().reshape(2 * n, batch_size, act_dim)
-        random_actions = torch.empty((n, batch_size, act_dim), device=self.device).uniform_(-1, 1)
-        critic_actions = torch.cat([actions.unsqueeze(0), policy_actions, random_actions])
+        critic_actions = torch.cat([actions.unsqueeze(0), policy_actions, noise["uniform"]])
         samples = critic_actions.shape[0]  # 3n + 1
         # (3n + 1, B, obs) -> ((3n + 1) * B, obs); the actions likewise.
         critic_obs = obs.unsqueeze(0).expand(samples, -1, -1).reshape(-1, obs.shape[-1])
@@ -281,7 +330,8 @@ class CQL:
         )  # (3n, B), in the order of q_all[:, 1:]
         gap = conservative_gap(q_data, q_all[:, 1:], log_density)  # (E, B)
         td = ensemble_td_loss(q_data, target, weights)
-        penalty = conservative_penalty(gap, weights, cfg.conservative_weight, cfg.alpha_threshold)
+        weight, threshold = hyper["conservative_weight"], hyper["alpha_threshold"]
+        penalty = conservative_penalty(gap, weights, weight, threshold)
         critic = td + alpha * penalty
 
         # The actor's actions, scored by critics whose weights take no gradient from it.
@@ -293,9 +343,7 @@ class CQL:
         dual = None
         total = critic + policy + temp
         if cfg.lagrange:
-            dual = alpha_loss(
-                self.log_alpha, gap, weights, cfg.conservative_weight, cfg.alpha_threshold
-            )
+            dual = alpha_loss(self.log_alpha, gap, weights, weight, threshold)
             total = total + dual
         return CQLLosses(
             total=total,
@@ -311,17 +359,23 @@ class CQL:
 
     def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
         """One gradient step of critics, actor, temperature and (Lagrange) alpha."""
-        temperature = self.log_temperature.detach().exp()
-        alpha = self.log_alpha.detach().exp().clamp(0.0, ALPHA_MAX)
-        losses = self.losses(batch)
+        noise = self.draw_noise(len(batch.rewards), Draws(self.device))
+        total, metrics = self.phase_loss(batch, noise, self.hyperparameters())
         # The losses touch disjoint parameters, so one backward pass serves all of them.
         for optimizer in self._optimizers:
             optimizer.zero_grad(set_to_none=True)
-        losses.total.backward()
+        total.backward()
         for optimizer in self._optimizers:
             optimizer.step()
         soft_update(self.critic_target, self.critic, self.config.tau)
         self.steps += 1
+        return metrics
+
+    def phase_loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The step's summed loss and its metrics (the temperature and alpha it started from)."""
+        losses = self.losses(batch, noise, hyper)
         metrics = {
             "critic_loss": losses.critic.detach(),
             "td_loss": losses.td.detach(),
@@ -329,13 +383,17 @@ class CQL:
             "gap": losses.gap,
             "actor_loss": losses.actor.detach(),
             "temperature_loss": losses.temperature.detach(),
-            "temperature": temperature,
-            "alpha": alpha,
+            "temperature": self.log_temperature.detach().exp(),
+            "alpha": self.log_alpha.detach().exp().clamp(0.0, ALPHA_MAX),
             "q_data": losses.q_data,
         }
         if losses.alpha is not None:
             metrics["alpha_loss"] = losses.alpha.detach()
-        return metrics
+        return losses.total, metrics
+
+    def fused_spec(self) -> FusedSpec:
+        """The update as one phase of every optimiser (:mod:`offaug.algorithms.cql_fused`)."""
+        return cql_fused_spec(self)
 
     def _next_values(
         self,

@@ -30,7 +30,7 @@ from torch.func import functional_call, vmap
 
 from offaug.algorithms.base import Trainer
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.fusing import FusedSpec, Phase
+from offaug.algorithms.fusing import Draws, FusedSpec, Phase
 
 
 class _Flat:
@@ -185,8 +185,14 @@ class FusedTrainer:
             for key, _ in spec.modules[name].named_buffers():
                 values = [dict(s.modules[name].named_buffers())[key] for s in specs]
                 self.buffers[f"parts.{name}.{key}"] = torch.stack(values).to(device)
-            if name not in parametrised and any(True for _ in spec.modules[name].parameters()):
-                raise ValueError(f"module {name!r} has parameters but no optimiser or source")
+            if name in parametrised:
+                continue
+            # Parameters no optimiser steps are constants, stacked as buffers are.
+            for key, parameter in spec.modules[name].named_parameters():
+                if parameter.requires_grad:
+                    raise ValueError(f"module {name!r} has parameters but no optimiser or source")
+                values = [dict(s.modules[name].named_parameters())[key] for s in specs]
+                self.buffers[f"parts.{name}.{key}"] = torch.stack(values).detach().to(device)
         self.adams = {
             name: _Adam(
                 self.flats[o.module],
@@ -285,16 +291,7 @@ class FusedTrainer:
     def _draw(self, batch_size: int) -> dict[str, torch.Tensor]:
         if self.spec.noise is None:
             return {}
-        device = self.device
-        draws = []
-        for generator in self.generators:
-
-            def randn(
-                shape: tuple[int, ...], generator: torch.Generator = generator
-            ) -> torch.Tensor:
-                return torch.randn(shape, generator=generator, device=generator.device).to(device)
-
-            draws.append(self.spec.noise(batch_size, randn))
+        draws = [self.spec.noise(batch_size, Draws(self.device, g)) for g in self.generators]
         return {name: torch.stack([d[name] for d in draws]) for name in draws[0]}
 
     # -- members -------------------------------------------------------------------------------

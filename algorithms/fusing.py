@@ -9,7 +9,8 @@ noise from the global torch generator; fused, they run once for all members unde
 ``torch.func.vmap`` with each member's parameters, batch, draws and hyperparameters (``(K,)``
 tensors where the members differ).
 
-A loss must therefore not draw random numbers itself (it takes them from ``noise``), must read
+A loss must therefore not draw random numbers itself (it takes them from ``noise``, which the
+spec's ``noise`` function draws through :class:`Draws`), must read
 every hyperparameter that may differ between members from ``hyper``, and must not toggle
 ``requires_grad`` (the fused trainer passes the parameters of modules a phase does not train
 without a gradient).
@@ -31,6 +32,30 @@ Hyper = Mapping[str, Any]
 
 Randn = Callable[[tuple[int, ...]], torch.Tensor]
 """Draws standard normal noise of a shape (from the global generator, or a member's own)."""
+
+
+class Draws:
+    """A step's random draws from one generator, as a learner's ``noise`` asks for them.
+
+    Called with a shape, standard normal noise (a :data:`Randn`); :meth:`uniform`, uniform
+    noise. ``generator=None`` draws from the global generator of ``device``, as a single-seed
+    run does; a member's generator draws on its own device and the noise moves to ``device``.
+    """
+
+    def __init__(self, device: torch.device, generator: torch.Generator | None = None) -> None:
+        self.device = device
+        self.generator = generator
+        self._source = device if generator is None else generator.device
+
+    def __call__(self, shape: tuple[int, ...]) -> torch.Tensor:
+        noise = torch.randn(shape, generator=self.generator, device=self._source)
+        return noise.to(self.device)
+
+    def uniform(self, shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
+        """Noise uniform on ``[low, high)`` (``Tensor.uniform_``'s draw)."""
+        noise = torch.empty(shape, device=self._source)
+        return noise.uniform_(low, high, generator=self.generator).to(self.device)
+
 
 PhaseLoss = Callable[
     [TorchBatch, Mapping[str, torch.Tensor], Hyper], tuple[torch.Tensor, dict[str, torch.Tensor]]
@@ -77,8 +102,9 @@ class FusedSpec:
     """The values of the learner's :attr:`fused_hyperparameters` (and data statistics)."""
     metrics: tuple[str, ...]
     """Metric names in the order the learner's ``update`` reports them."""
-    noise: Callable[[int, Randn], dict[str, torch.Tensor]] | None = None
-    """``(batch_size, randn) -> draws`` of one step, in the order the learner's update draws."""
+    noise: Callable[[int, Draws], dict[str, torch.Tensor]] | None = None
+    """``(batch_size, draws) -> noise`` of one step, drawn in the order the learner's update
+    draws it (a :data:`Randn` suffices for learners that draw normal noise only)."""
     carried: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     """Metrics of phases that do not run every step, as the learner last reported them."""
     schedule: Callable[[int, Hyper], dict[str, Any]] | None = None

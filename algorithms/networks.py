@@ -8,7 +8,8 @@
 * :class:`TanhGaussianActor` (SAC/CQL), :class:`DeterministicActor`,
   :class:`TruncatedGaussianActor` (the behaviour model beta_hat(a|s): a Gaussian renormalised on
   the action box, so its log-density is a proper density over the actions the data can hold);
-* :class:`VAE` (BCQ's generative model of dataset actions).
+* :class:`VAE` (BCQ's generative model of dataset actions);
+* :class:`LearnedScalar` (one learned number: a temperature's or a multiplier's log).
 
 All actors work in the normalised action box ``[-1, 1]^d``;
 :class:`~offaug.algorithms.distributions.ActionNormaliser` maps to and from the environment's
@@ -341,3 +342,12 @@ class VAE(nn.Module):
             shape = (*observations.shape[:-1], self.latent_dim)
             latent = torch.randn(shape, device=observations.device).clamp(-0.5, 0.5)
         return torch.tanh(self.decoder(torch.cat([observations, latent], -1)))
+
+
+class LearnedScalar(nn.Module):
+    """One learned number (a log temperature, a log multiplier) as a module of its own, so that
+    it is stacked, stepped and checkpointed as a network's parameters are."""
+
+    def __init__(self, value: float, *, requires_grad: bool = True) -> None:
+        super().__init__()
+        self.value = nn.Parameter(torch.tensor(value), requires_grad=requires_grad)

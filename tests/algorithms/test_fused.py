@@ -37,6 +37,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "td3bc": {"hidden": [32, 32], "batch_size": 32},
     "iql": {"hidden": [32, 32], "batch_size": 32, "actor_lr_decay_steps": 30},
     "rebrac": {"hidden": [32, 32], "batch_size": 32},
+    "cql": {"hidden": [32, 32], "batch_size": 32, "n_action_samples": 4},
 }
 SEEDS = (0, 1, 2)
 TOLERANCE = 1e-5
@@ -83,7 +84,7 @@ def _parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("algorithm", ["bc", "td3bc", "iql", "rebrac"])
+@pytest.mark.parametrize("algorithm", list(SMALL))
 def test_members_start_and_sample_as_single_runs(hopper: Transitions, algorithm: str) -> None:
     options = TrainOptions(steps=3)
     configs = member_configs(algorithm, SMALL[algorithm], len(SEEDS))
@@ -120,7 +121,7 @@ def test_members_sample_their_own_sources_as_single_runs(hopper: Transitions) ->
         build_members("td3bc", own[:1], (0, 1), configs, options)
 
 
-@pytest.mark.parametrize("algorithm", ["bc", "td3bc", "iql", "rebrac"])
+@pytest.mark.parametrize("algorithm", list(SMALL))
 def test_fused_run_matches_single_seed_runs(
     hopper: Transitions, algorithm: str, tmp_path: Path
 ) -> None:
@@ -182,6 +183,83 @@ def test_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> N
     assert metrics[-1]["critic_loss"].shape == (2,)
 
 
+def _fused_and_single_runs(
+    algorithm: str, sources: list[list[Transitions]], configs: list[dict[str, Any]], steps: int
+) -> tuple[FusedTrainer, list[Trainer], dict[str, torch.Tensor]]:
+    """``steps`` fused updates of one member per (sources, config), seeds 0, 1, ..., and each
+    member's single-seed run on the same batches (each run built right before it trains, so
+    it draws its noise from the global generator as ``train`` would); the last fused metrics."""
+    seeds = tuple(range(len(configs)))
+    built = build_members(algorithm, sources, seeds, configs, TrainOptions())
+    fused = FusedTrainer(built.trainers, built.generators, seeds)
+    batches = [[s.sample() for s in built.samplers] for _ in range(steps)]
+    metrics: dict[str, torch.Tensor] = {}
+    for step in batches:
+        metrics = fused.update(TorchBatch.from_batch(stack_numpy(step)))
+    singles = []
+    for k, seed in enumerate(seeds):
+        single = build_members(algorithm, sources[k], (seed,), configs[k : k + 1], TrainOptions())
+        for step in batches:
+            single.trainers[0].update(TorchBatch.from_batch(step[k]))
+        singles.append(single.trainers[0])
+    return fused, singles, metrics
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"lagrange": False}, {"soft_q_backup": True}, {"max_q_backup": True}, {"n_critics": 3}],
+    ids=["fixed-alpha", "soft-backup", "max-backup", "three-critics"],
+)
+def test_cql_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[str, Any]) -> None:
+    configs = member_configs("cql", {**SMALL["cql"], **overrides}, 2)
+    fused, singles, _ = _fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
+    assert fused.frozen == []
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+def test_cql_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> None:
+    """Member 1 keeps its temperature and alpha (zero rates) from its own initial values, and
+    differs in every other per-member float; each member is the single run of its config."""
+    config = {
+        **SMALL["cql"],
+        "temp_learning_rate": [1e-4, 0.0],
+        "alpha_learning_rate": [1e-4, 0.0],
+        "initial_alpha": [1.0, 2.0],
+        "initial_temperature": [1.0, 0.5],
+        "conservative_weight": [5.0, 1.0],
+        "alpha_threshold": [10.0, 0.5],
+        "critic_learning_rate": [3e-4, 1e-3],
+        "actor_learning_rate": [1e-4, 3e-4],
+        "gamma": [0.99, 0.9],
+        "tau": [0.005, 0.05],
+    }
+    configs = member_configs("cql", config, 2)
+    fused, singles, _ = _fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
+    first, second = fused.member(0), fused.member(1)
+    assert second.config.conservative_weight == 1.0 and second.config.gamma == 0.9
+    assert float(second.log_alpha.detach()) == pytest.approx(np.log(2.0), abs=1e-7)
+    assert float(second.log_temperature.detach()) == pytest.approx(np.log(0.5), abs=1e-7)
+    assert float(first.log_alpha.detach()) != 0.0 != float(first.log_temperature.detach())
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql"])
+def test_a_nan_member_stops_alone(hopper: Transitions, algorithm: str) -> None:
+    broken = dataclasses.replace(hopper, rewards=np.full_like(hopper.rewards, np.nan))
+    configs = member_configs(algorithm, SMALL[algorithm], 2)
+    start = _parameters(
+        build_members(algorithm, [broken], (1,), configs[:1], TrainOptions()).trainers[0]
+    )
+    fused, singles, metrics = _fused_and_single_runs(algorithm, [[hopper], [broken]], configs, 6)
+    assert fused.frozen == [1]
+    assert torch.isnan(metrics["critic_loss"][1]) and torch.isfinite(metrics["critic_loss"][0])
+    frozen = _parameters(fused.member(1))
+    assert all(torch.equal(frozen[n], start[n]) for n in frozen)
+    _assert_states_close(fused.member_state_dict(0), singles[0].state_dict())
+
+
 def test_member_configs_refuse_lists_that_change_shapes() -> None:
     with pytest.raises(ValueError, match=r"batch_size.*one value for all seeds"):
         member_configs("bc", {"batch_size": [32, 64]}, 2)
@@ -191,28 +269,6 @@ def test_member_configs_refuse_lists_that_change_shapes() -> None:
     assert member_configs("bc", {"hidden": [8, 8]}, 2) == [{"hidden": [8, 8]}] * 2
 
 
-def test_a_nan_member_stops_alone(hopper: Transitions) -> None:
-    broken = dataclasses.replace(hopper, rewards=np.full_like(hopper.rewards, np.nan))
-    options = TrainOptions()
-    configs = member_configs("td3bc", SMALL["td3bc"], 1)
-    good = build_members("td3bc", [hopper], (0,), configs, options)
-    bad = build_members("td3bc", [broken], (1,), configs, options)
-    start = _parameters(bad.trainers[0])
-    reference = build_members("td3bc", [hopper], (0,), configs, options)
-    fused = FusedTrainer(
-        [good.trainers[0], bad.trainers[0]], good.generators + bad.generators, (0, 1)
-    )
-    for _ in range(6):
-        pair = [good.samplers[0].sample(), bad.samplers[0].sample()]
-        metrics = fused.update(TorchBatch.from_batch(stack_numpy(pair)))
-        reference.trainers[0].update(TorchBatch.from_batch(pair[0]))
-    assert fused.frozen == [1]
-    assert torch.isnan(metrics["critic_loss"][1]) and torch.isfinite(metrics["critic_loss"][0])
-    frozen = _parameters(fused.member(1))
-    assert all(torch.equal(frozen[n], start[n]) for n in frozen)
-    _assert_states_close(fused.member_state_dict(0), reference.trainers[0].state_dict())
-
-
 def test_stack_batches_matches_stacking_numpy(hopper: Transitions) -> None:
     built = build_members("bc", [hopper], (0, 1), [SMALL["bc"]] * 2, TrainOptions())
     raw = [s.sample() for s in built.samplers]
@@ -220,15 +276,21 @@ def test_stack_batches_matches_stacking_numpy(hopper: Transitions) -> None:
     assert torch.equal(stacked.observations, TorchBatch.from_batch(stack_numpy(raw)).observations)
 
 
-def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql"])
+def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path, algorithm: str) -> None:
     options = TrainOptions(steps=12, log_every=6, eval_every=0, checkpoint_every=6, seeds=(0, 1))
     whole = train_fused(
-        "td3bc", [hopper], tmp_path / "whole", config=SMALL["td3bc"], options=options
+        algorithm, [hopper], tmp_path / "whole", config=SMALL[algorithm], options=options
     )
     half = dataclasses.replace(options, steps=6)
-    train_fused("td3bc", [hopper], tmp_path / "parts", config=SMALL["td3bc"], options=half)
+    train_fused(algorithm, [hopper], tmp_path / "parts", config=SMALL[algorithm], options=half)
     resumed = train_fused(
-        "td3bc", [hopper], tmp_path / "parts", config=SMALL["td3bc"], options=options, resume=True
+        algorithm,
+        [hopper],
+        tmp_path / "parts",
+        config=SMALL[algorithm],
+        options=options,
+        resume=True,
     )
     for mine, theirs in zip(resumed.runs, whole.runs, strict=True):
         a, b = load_trainer(mine.checkpoint), load_trainer(theirs.checkpoint)
@@ -240,8 +302,8 @@ def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path) -> N
 
 
 def test_fused_refuses_learners_and_options_it_cannot_train(hopper: Transitions) -> None:
-    with pytest.raises(ValueError, match="cql does not train fused"):
-        train_fused("cql", [hopper], "unused", options=TrainOptions(seeds=(0, 1)))
+    with pytest.raises(ValueError, match="discrete_bcq does not train fused"):
+        train_fused("discrete_bcq", [hopper], "unused", options=TrainOptions(seeds=(0, 1)))
     with pytest.raises(ValueError, match="--compile does not apply"):
         build_members("bc", [hopper], (0, 1), [{}] * 2, TrainOptions(compile=True))
     with pytest.raises(ValueError, match="train_fused"):

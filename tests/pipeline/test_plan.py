@@ -199,7 +199,7 @@ def test_every_workflow_file_plans(tmp_path: Path) -> None:
 
 def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None:
     """td3bc's seeds train in one fused stage per recipe, each seed's model then its own stage
-    under the per-seed name; cql (not fusable) and arms the fused trainer refuses keep one
+    under the per-seed name; bcq (not fusable) and arms the fused trainer refuses keep one
     training stage per seed."""
     sections: dict[str, Any] = dict(
         seeds=[0, 1],
@@ -209,7 +209,7 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
         },
         diagnostics={"enabled": False},
     )
-    plan = _plan(_workflow(train={"algorithms": ["td3bc", "cql"]}, **sections), tmp_path)
+    plan = _plan(_workflow(train={"algorithms": ["td3bc", "bcq"]}, **sections), tmp_path)
     fused = [n for n in plan.names if n.startswith("fused:")]
     assert fused == ["fused:td3bc-original", "fused:td3bc-augmented"]
     spec = plan.stages["fused:td3bc-augmented"]
@@ -221,14 +221,14 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     assert plan.stages["train:td3bc-augmented@s1"].inputs == ("fused:td3bc-augmented",)
     assert plan.stages["train:td3bc-augmented@s1"].args[1] == 1
     # Not fusable, or state noise: one training stage per seed, on that seed's rollout.
-    for name in ("train:cql-augmented@s1", "train:td3bc-noisy@s1", "train:cql-noisy@s1"):
+    for name in ("train:bcq-augmented@s1", "train:td3bc-noisy@s1", "train:bcq-noisy@s1"):
         assert plan.stages[name].inputs == ("source", "rollout@s1"), name
     runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
     assert len(runs) == 2 * 3 * 2
     assert runs[("td3bc", "augmented", 1)] == "train:td3bc-augmented@s1"
     assert runs[("td3bc", "original", 0)] == "train:td3bc-original"
 
-    train = {"algorithms": ["td3bc", "cql"], "fuse_seeds": False}
+    train = {"algorithms": ["td3bc", "bcq"], "fuse_seeds": False}
     apart = _plan(_workflow(train=train, **sections), tmp_path)
     assert not any(n.startswith("fused:") for n in apart.names)
     assert apart.stages["train:td3bc-augmented@s1"].inputs == ("source", "rollout@s1")
