@@ -58,8 +58,10 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
 
 
 def test_seeds_times_a_grid_shares_what_is_equal(tmp_path: Path) -> None:
+    # One stage per seed, so each seed's inputs show (fused stages: the test below).
     workflow = _workflow(
         seeds=[0, 1],
+        train={"algorithms": ["cql", "bcq"], "fuse_seeds": False},
         grid={
             "rollout.noise": ["gaussian:0.1", "gaussian:0.3"],
             "train.mixing": [[0.5, 0.5], [0.7, 0.3]],
