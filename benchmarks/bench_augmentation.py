@@ -393,6 +393,42 @@ def _records(
     }
 
 
+def _measure(
+    workers: int,
+    datasets: list[str],
+    learners: list[str],
+    recipes: list[str],
+    seeds: list[int],
+    sizes: Sizes,
+    root: Path,
+    reporter: Reporter,
+) -> list[dict[str, Any]]:
+    """Every dataset's grid on a LocalCluster of ``workers``; its records, emitted as they come."""
+    from distributed import Client, LocalCluster
+
+    from offaug.pipeline.workers import WorkerSetup
+
+    records = []
+    with (
+        LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.register_plugin(WorkerSetup(1))
+        for name in datasets:
+            started = time.perf_counter()
+            log(f"{name}: {len(learners)} learners x {len(recipes) + 1} arms x {len(seeds)} seeds")
+            result = _run_dataset(client, name, learners, recipes, seeds, sizes, root)
+            log(f"{name}: {time.perf_counter() - started:.0f} s")
+            for learner in learners:
+                record = _records(name, learner, recipes, seeds, result, sizes)
+                record["absolute"]["seconds"] = time.perf_counter() - started
+                reporter.emit(record)
+                records.append(record)
+    return records
+
+
 def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> list[dict[str, Any]]:
     """The per-dataset records in ``path`` of datasets not in ``measured``, latest first wins."""
     if path is None:
@@ -444,7 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     def pick(text: str, default: list[str]) -> list[str]:
         return [t.strip() for t in text.split(",") if t.strip()] or default
 
-    datasets = pick(args.datasets, ["pendulum-medium"] if args.quick else list(DATASETS))
+    # "none" measures nothing: with --reuse, only the summary of an earlier run's records.
+    datasets = (
+        []
+        if args.datasets.strip() == "none"
+        else pick(args.datasets, ["pendulum-medium"] if args.quick else list(DATASETS))
+    )
     learners = pick(args.learners, ["cql", "td3bc"] if args.quick else ["cql", "iql", "td3bc"])
     recipes = pick(
         args.recipes,
@@ -460,10 +501,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown recipe or dataset: {', '.join(unknown)}")
 
-    from distributed import Client, LocalCluster
-
-    from offaug.pipeline.workers import WorkerSetup
-
     root = (
         DATA_DIR
         / "augmentation"
@@ -471,23 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         / time.strftime("%Y%m%d-%H%M%S")
     )
     records = []
-    with (
-        LocalCluster(
-            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.register_plugin(WorkerSetup(1))
-        for name in datasets:
-            started = time.perf_counter()
-            log(f"{name}: {len(learners)} learners x {len(recipes) + 1} arms x {len(seeds)} seeds")
-            result = _run_dataset(client, name, learners, recipes, seeds, sizes, root)
-            log(f"{name}: {time.perf_counter() - started:.0f} s")
-            for learner in learners:
-                record = _records(name, learner, recipes, seeds, result, sizes)
-                record["absolute"]["seconds"] = time.perf_counter() - started
-                reporter.emit(record)
-                records.append(record)
+    if datasets:
+        records = _measure(args.workers, datasets, learners, recipes, seeds, sizes, root, reporter)
     for record in _reusable(args.reuse, datasets, learners):
         reporter.emit(record)
         records.append(record)
