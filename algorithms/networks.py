@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from offaug.algorithms.distributions import (
+    ActionNormaliser,
     tanh_gaussian,
     tanh_gaussian_log_prob,
     truncated_normal_log_prob,
@@ -264,6 +265,17 @@ class TanhGaussianActor(nn.Module):
         """Log-density of given actions in ``[-1, 1]^d``: ``(B, obs), (B, act) -> (B,)``."""
         mean, log_std = self.mean_log_std(observations)
         return tanh_gaussian_log_prob(actions, mean, log_std)
+
+    def env_log_prob(
+        self, observations: torch.Tensor, actions: torch.Tensor, normaliser: ActionNormaliser
+    ) -> torch.Tensor:
+        """``log pi(a|s)`` of environment-space actions: a density over the environment's box.
+
+        The density over the open normalised box (an action on a face is moved just inside:
+        :func:`~offaug.algorithms.distributions.tanh_gaussian_log_prob`) plus the box's
+        ``log |det|``, so it compares with ``log mu``.
+        """
+        return self.log_prob(observations, normaliser(actions)) + normaliser.log_abs_det
 
 
 class DeterministicActor(nn.Module):

@@ -181,14 +181,8 @@ class SAC:
 
     @torch.no_grad()
     def policy_log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """``log pi(a|s)`` of environment-space actions (``base.PolicyDensity``).
-
-        The tanh-Gaussian actor's density over the open normalised box (an action on a face is
-        moved just inside: :func:`~offaug.algorithms.distributions.tanh_gaussian_log_prob`)
-        plus the box's ``log |det|``: a density over the environment's box, as ``log mu`` is.
-        """
-        normalised = self.normaliser(actions)
-        return self.actor.log_prob(observations, normalised) + self.normaliser.log_abs_det
+        """``log pi(a|s)`` of environment-space actions (``base.PolicyDensity``)."""
+        return self.actor.env_log_prob(observations, actions, self.normaliser)
 
     @torch.no_grad()
     def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
