@@ -51,12 +51,17 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch, to_tensor
 from offaug.algorithms.cql_fused import cql_fused_spec
-from offaug.algorithms.distributions import ActionNormaliser, tanh_gaussian
+from offaug.algorithms.distributions import (
+    ActionNormaliser,
+    tanh_gaussian,
+    tanh_gaussian_log_prob,
+)
 from offaug.algorithms.fusing import Draws, FusedSpec, Hyper, config_hyperparameters
 from offaug.algorithms.kernels import ensemble_values
 from offaug.algorithms.losses import (
     ensemble_td_loss,
     soft_actor_loss,
+    soft_bc_actor_loss,
     td_target,
     temperature_loss,
 )
@@ -109,12 +114,19 @@ class CQLConfig:
     """
     hidden: tuple[int, ...] = (256, 256)
     """Hidden layer widths of the actor and of every critic."""
+    bc_steps: int = 0
+    """Gradient steps at the start in which the actor maximises the data actions'
+    log-likelihood (with the entropy term) instead of ``Q``, while the critics train as usual:
+    the authors' ``policy_eval_start`` and CORL's ``bc_steps``. A short run then improves on a
+    clone of the data instead of on a random policy."""
 
     def __post_init__(self) -> None:
         if self.soft_q_backup and self.max_q_backup:
             raise ValueError("soft_q_backup and max_q_backup are mutually exclusive")
         if self.n_action_samples < 1:
             raise ValueError(f"n_action_samples must be positive, not {self.n_action_samples}")
+        if self.bc_steps < 0:
+            raise ValueError(f"bc_steps must be 0 or more, not {self.bc_steps}")
 
     @property
     def backup(self) -> Literal["mean", "soft", "max"]:
@@ -261,9 +273,22 @@ class CQL:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def hyperparameters(self) -> dict[str, float]:
-        """The values of :attr:`fused_hyperparameters` (the losses read them from here)."""
-        return config_hyperparameters(self.config, self.fused_hyperparameters)
+    def hyperparameters(self) -> dict[str, Any]:
+        """The values of :attr:`fused_hyperparameters` (the losses read them from here), and
+        this step's :meth:`schedule`."""
+        hyper: dict[str, Any] = config_hyperparameters(self.config, self.fused_hyperparameters)
+        hyper.update(self.schedule(self.steps, hyper))
+        return hyper
+
+    def schedule(self, step: int, hyper: Hyper) -> dict[str, Any]:
+        """``bc_phase``: 1 during the first ``bc_steps`` steps (the actor clones), else 0.
+
+        Fused, ``hyper`` holds one value per member and so does the phase."""
+        if not self.config.bc_steps:
+            return {}
+        warm = float(step < self.config.bc_steps)
+        gamma = hyper["gamma"]
+        return {"bc_phase": torch.full_like(gamma, warm) if torch.is_tensor(gamma) else warm}
 
     def draw_noise(self, batch_size: int, draws: Draws) -> dict[str, torch.Tensor]:
         """The step's random draws, in this order: the policy's Gaussian noise for ``s`` and
@@ -337,6 +362,15 @@ class CQL:
         # The actor's actions, scored by critics whose weights take no gradient from it.
         q_policy = ensemble_values(self.critic, obs, sampled[0, :batch_size], frozen=True)
         policy = soft_actor_loss(q_policy, log_prob[0, :batch_size], temperature, weights)
+        if cfg.bc_steps:
+            # A blend rather than a branch, so that a fused run (a tensor per member) and a
+            # single one (a float) take the same path; the warm start is 1, then 0.
+            warm = hyper["bc_phase"]
+            data_log_prob = tanh_gaussian_log_prob(actions, mean, log_std)
+            cloning = soft_bc_actor_loss(
+                data_log_prob, log_prob[0, :batch_size], temperature, weights
+            )
+            policy = warm * cloning + (1.0 - warm) * policy
         temp = temperature_loss(
             self.log_temperature, log_prob[0, :batch_size], self.target_entropy, weights
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from offaug.algorithms.fusing import FusedSpec, OptimizerSpec, Phase
+from offaug.algorithms.fusing import FusedSpec, OptimizerSpec, Phase, config_hyperparameters
 
 if TYPE_CHECKING:
     # cql imports this module to build its spec, so the trainer is needed here for types only.
@@ -64,7 +64,8 @@ def cql_fused_spec(trainer: CQL) -> FusedSpec:
         optimizers=optimizers,
         targets={"critic_target": "critic"},
         phases=(Phase(trainer.phase_loss, tuple(optimizers), targets=("critic_target",)),),
-        hyperparameters=trainer.hyperparameters(),
+        hyperparameters=config_hyperparameters(trainer.config, trainer.fused_hyperparameters),
         metrics=metrics,
         noise=trainer.draw_noise,
+        schedule=trainer.schedule if trainer.config.bc_steps else None,
     )

@@ -48,6 +48,21 @@ def soft_actor_loss(
     return weighted_mean(temperature * log_prob - q_values.min(dim=0).values, weights)
 
 
+def soft_bc_actor_loss(
+    data_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    temperature: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """SAC's policy loss with the data's log-likelihood in place of ``Q``:
+    ``temperature * log pi(a~|s) - log pi(a|s)``, ``a~ ~ pi(.|s)`` and ``a`` the data's action
+    (CQL's behaviour-cloning warm start, the authors' ``policy_eval_start``).
+
+    ``data_log_prob`` and ``log_prob`` ``(B,)``, ``temperature`` a detached scalar or ``(1,)``.
+    """
+    return weighted_mean(temperature * log_prob - data_log_prob, weights)
+
+
 def temperature_loss(
     log_temperature: torch.Tensor,
     log_prob: torch.Tensor,

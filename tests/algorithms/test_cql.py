@@ -32,6 +32,8 @@ from offaug.algorithms.discrete_cql import (
     discrete_conservative_loss,
     discrete_td_loss,
 )
+from offaug.algorithms.distributions import tanh_gaussian
+from offaug.algorithms.fusing import Draws
 from offaug.algorithms.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
 from offaug.algorithms.train import TrainOptions, load_trainer, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
@@ -293,6 +295,47 @@ def test_lagrange_variant_tunes_alpha_and_the_fixed_variant_does_not(hopper) -> 
     assert float(tuned.log_alpha.detach()) < 0.0
     assert float(tuned_metrics["alpha"]) < 1.0
     assert float(fixed.log_alpha.detach()) == 0.0 and float(fixed_metrics["alpha"]) == 1.0
+
+
+def test_bc_warm_start_clones_the_data_then_follows_q(hopper) -> None:
+    """During ``bc_steps`` the actor's loss is ``temperature * log pi(a~|s) - log pi(a|s)`` with
+    the data's action ``a``; after them it is SAC's loss against the critics again."""
+    batch = _batches(hopper, 1)[0]
+    warm, plain = _cql(hopper, seed=1, bc_steps=2), _cql(hopper, seed=1)
+    assert [warm.schedule(step, {"gamma": 0.99}) for step in (0, 1, 2)] == [
+        {"bc_phase": 1.0},
+        {"bc_phase": 1.0},
+        {"bc_phase": 0.0},
+    ]
+    assert plain.schedule(0, {"gamma": 0.99}) == {}
+    noise = warm.draw_noise(64, Draws(torch.device("cpu")))
+    cloning = warm.losses(batch, noise).actor
+    # By hand: the actor's density at the data's (normalised) action and at its own sample 0.
+    obs, temperature = batch.observations, warm.log_temperature.detach().exp()
+    mean, log_std = warm.actor.mean_log_std(obs)
+    _, log_prob = tanh_gaussian(mean, log_std, noise["policy"][0, :64])
+    data_log_prob = warm.actor.log_prob(obs, warm.normaliser(batch.actions))
+    expected = (temperature * log_prob - data_log_prob).mean()
+    torch.testing.assert_close(cloning, expected)
+    warm.steps = 2
+    torch.testing.assert_close(warm.losses(batch, noise).actor, plain.losses(batch, noise).actor)
+
+
+def test_bc_warm_start_moves_the_policy_to_the_data_actions(hopper) -> None:
+    # Without the penalty the critics alone give the actor no reason to pick the data's
+    # actions, so only the warm start brings it to them.
+    rng = np.random.default_rng(0)
+    narrow = np.clip(0.5 + 0.05 * rng.standard_normal(hopper.actions.shape), -1, 1)
+    data = dataclasses.replace(hopper, actions=narrow.astype(np.float32))
+    distances = {}
+    for bc_steps in (0, 300):
+        trainer = _cql(data, bc_steps=bc_steps, actor_learning_rate=1e-3, conservative_weight=0.0)
+        sampler = MixtureSampler([data], 64, seed=0)
+        for _ in range(300):
+            trainer.update(TorchBatch.from_batch(sampler.sample()))
+        distances[bc_steps] = float(np.abs(trainer.act(data.observations[:256]) - 0.5).mean())
+    # Measured: 0.42 without the warm start, 0.04 with it.
+    assert distances[300] < 0.1 < distances[0]
 
 
 def test_continuous_cql_refuses_discrete_actions(cartpole) -> None:

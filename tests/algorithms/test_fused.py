@@ -207,8 +207,14 @@ def _fused_and_single_runs(
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"lagrange": False}, {"soft_q_backup": True}, {"max_q_backup": True}, {"n_critics": 3}],
-    ids=["fixed-alpha", "soft-backup", "max-backup", "three-critics"],
+    [
+        {"lagrange": False},
+        {"soft_q_backup": True},
+        {"max_q_backup": True},
+        {"n_critics": 3},
+        {"bc_steps": 10},  # 20 updates: the warm start ends half-way
+    ],
+    ids=["fixed-alpha", "soft-backup", "max-backup", "three-critics", "bc-warm-start"],
 )
 def test_cql_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[str, Any]) -> None:
     configs = member_configs("cql", {**SMALL["cql"], **overrides}, 2)
