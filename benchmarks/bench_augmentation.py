@@ -430,7 +430,9 @@ def _measure(
 
 
 def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> list[dict[str, Any]]:
-    """The per-dataset records in ``path`` of datasets not in ``measured``, latest first wins."""
+    """The per-dataset records in ``path`` of (dataset, learner) pairs this run does not
+    measure (any learner of a dataset not in ``measured``, the other learners of one that is);
+    the latest record of a pair wins."""
     if path is None:
         return []
     import json
@@ -441,16 +443,13 @@ def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> li
         lines = loaded["results"] if isinstance(loaded, dict) else loaded
     except json.JSONDecodeError:
         lines = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
-    wanted = {
-        f"augmentation_{d}_{learner}": d
-        for d in DATASETS
-        if d not in measured
-        for learner in learners
-    }
+    now = {f"augmentation_{d}_{learner}" for d in measured for learner in learners}
     found: dict[str, dict[str, Any]] = {}
     for record in lines:
-        if isinstance(record, dict) and record.get("benchmark") in wanted:
-            found[record["benchmark"]] = record
+        name = record.get("benchmark", "") if isinstance(record, dict) else ""
+        dataset = next((d for d in DATASETS if name.startswith(f"augmentation_{d}_")), None)
+        if dataset is not None and name not in now:
+            found[name] = record
     return list(found.values())
 
 
@@ -467,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help=(
             "an earlier run's JSON lines (or benchmarks/results.json): its per-dataset records"
-            " of datasets this run does not measure are emitted again and counted in the"
-            " summary records, so a long run can be done in pieces"
+            " of (dataset, learner) pairs this run does not measure are emitted again and"
+            " counted in the summary records, so a long run can be done in pieces"
         ),
     )
     args = parser.parse_args(argv)

@@ -91,3 +91,24 @@ def test_a_saved_run_is_read_back_as_records_stamped_with_its_file_time(tmp_path
     assert run["records"][0]["script"] == "bench_augmentation.py"
     assert run["records"][0]["measured"].startswith("20")
     assert len(run["problems"]) == 2 and run["partial"]
+
+
+def test_augmentation_reuse_keeps_the_pairs_this_run_does_not_measure(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_augmentation
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    names = [
+        "augmentation_hopper-medium_cql",
+        "augmentation_hopper-medium_td3bc",
+        "augmentation_pendulum-medium_cql",
+        "augmentation_cql_datasets_won",
+    ]
+    saved = tmp_path / "earlier.jsonl"
+    lines = [json.dumps({"benchmark": name, "run": 1}) for name in names]
+    lines.append(json.dumps({"benchmark": names[1], "run": 2}))  # a later record of a pair
+    saved.write_text("\n".join([*lines, "a log line"]) + "\n")
+    reused = bench_augmentation._reusable(saved, ["hopper-medium"], ["cql"])
+    assert {r["benchmark"]: r["run"] for r in reused} == {names[1]: 2, names[2]: 1}
+    assert bench_augmentation._reusable(None, [], ["cql"]) == []
