@@ -107,25 +107,36 @@ def _d3rlpy_score(name: str, data: Any, steps: int, seed: int, episodes: int) ->
     import d3rlpy
     import numpy as np
 
+    from offaug.algorithms.base import spaces_from_transitions
     from offaug.algorithms.evaluate import evaluate, make_env, reference_scores
     from offaug.datasets.interop import to_d3rlpy
 
     d3rlpy.seed(seed)
     encoder = d3rlpy.models.VectorEncoderFactory(hidden_units=list(HIDDEN))
+    # d3rlpy's continuous policies end in tanh, on [-1, 1]: without an action scaler a
+    # Pendulum-v1 policy (box [-2, 2]) could apply half the torque. offaug maps every policy to
+    # the environment's box, so d3rlpy gets the same map (the identity on Hopper's [-1, 1]).
+    spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
+    box: dict[str, Any] = {}
+    if not spaces.discrete:
+        box["action_scaler"] = d3rlpy.preprocessing.MinMaxActionScaler(
+            minimum=np.asarray(spaces.action_low), maximum=np.asarray(spaces.action_high)
+        )
     if name == "bc":
         # offaug's BC batch is 256 (d3rlpy's default is 100): use the same on both sides.
         config: Any = d3rlpy.algos.BCConfig(
-            batch_size=256, encoder_factory=encoder, policy_type="deterministic"
+            batch_size=256, encoder_factory=encoder, policy_type="deterministic", **box
         )
     elif name == "cql":
         config = d3rlpy.algos.CQLConfig(
-            actor_encoder_factory=encoder, critic_encoder_factory=encoder
+            actor_encoder_factory=encoder, critic_encoder_factory=encoder, **box
         )
     elif name == "bcq":
         config = d3rlpy.algos.BCQConfig(
             actor_encoder_factory=encoder,
             critic_encoder_factory=encoder,
             imitator_encoder_factory=encoder,
+            **box,
         )
     elif name == "iql":
         schedule = d3rlpy.optimizers.CosineAnnealingLRFactory(T_max=steps)
@@ -136,12 +147,14 @@ def _d3rlpy_score(name: str, data: Any, steps: int, seed: int, episodes: int) ->
             observation_scaler=d3rlpy.preprocessing.StandardObservationScaler(),
             reward_scaler=d3rlpy.preprocessing.ReturnBasedRewardScaler(multiplier=1000.0),
             actor_optim_factory=d3rlpy.optimizers.AdamFactory(lr_scheduler_factory=schedule),
+            **box,
         )
     elif name == "td3bc":
         config = d3rlpy.algos.TD3PlusBCConfig(
             actor_encoder_factory=encoder,
             critic_encoder_factory=encoder,
             observation_scaler=d3rlpy.preprocessing.StandardObservationScaler(),
+            **box,
         )
     elif name == "discrete_cql":
         config = d3rlpy.algos.DiscreteCQLConfig(encoder_factory=encoder)
@@ -286,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                     "unit": "normalised score (points)",
                     "offaug": statistics.mean(mine),
                     "baseline": statistics.mean(theirs),
-                    "baseline_name": "d3rlpy 2.8, same data, sizes, batch, defaults, steps",
+                    "baseline_name": (
+                        "d3rlpy 2.8, same data, sizes, batch, defaults, steps, action box"
+                    ),
                     "ratio": difference,
                     "goal": -5.0,
                     "repeats": len(seeds),
