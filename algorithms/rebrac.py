@@ -14,9 +14,9 @@ Reinforcement Learning" (NeurIPS, arXiv:2305.09836). On top of :mod:`offaug.algo
   ``+-3e-3`` for critics and ``+-1e-3`` for the actor), as the authors' code.
 
 Defaults are the paper's locomotion settings (its hyperparameter table; CORL's configs) with
-the penalties of hopper-medium (``beta_1 = beta_2 = 0.01``); the paper tunes both per dataset
-(halfcheetah-medium 0.001 / 0.01, walker2d-medium 0.05 / 0.1). Observations are not
-standardised by default, as in the paper.
+the penalties of hopper-medium (``beta_1 = beta_2 = 0.01``); the paper tunes both per dataset,
+and ``penalties: "walker2d-medium-v2"`` takes that dataset's pair from its table
+(:data:`PAPER_PENALTIES`). Observations are not standardised by default, as in the paper.
 """
 
 from __future__ import annotations
@@ -31,6 +31,28 @@ from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.fusing import Hyper
 from offaug.algorithms.networks import CriticEnsemble, DeterministicActor, EnsembleLinear
 from offaug.algorithms.td3bc import TD3BC, q_normaliser
+
+PAPER_PENALTIES: dict[str, tuple[float, float]] = {
+    "halfcheetah-random-v2": (0.001, 0.1),
+    "halfcheetah-medium-v2": (0.001, 0.01),
+    "halfcheetah-medium-replay-v2": (0.01, 0.001),
+    "halfcheetah-medium-expert-v2": (0.01, 0.1),
+    "halfcheetah-expert-v2": (0.01, 0.01),
+    "hopper-random-v2": (0.001, 0.01),
+    "hopper-medium-v2": (0.01, 0.01),
+    "hopper-medium-replay-v2": (0.05, 0.5),
+    "hopper-medium-expert-v2": (0.1, 0.01),
+    "hopper-expert-v2": (0.1, 0.1),
+    "walker2d-random-v2": (0.01, 0.0),
+    "walker2d-medium-v2": (0.05, 0.1),
+    "walker2d-medium-replay-v2": (0.05, 0.01),
+    "walker2d-medium-expert-v2": (0.01, 0.01),
+    "walker2d-expert-v2": (0.01, 0.5),
+}
+"""(beta_1, beta_2) per D4RL locomotion dataset: the paper's tuned actor and critic penalties
+(its hyperparameter table, as in CORL's ReBRAC configs)."""
+DEFAULT_BC_COEF = 0.01
+"""hopper-medium's beta_1 = beta_2, the defaults of both penalties."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +77,9 @@ class ReBRACConfig:
     """The smoothing noise is clipped to ``[-noise_clip, noise_clip]``."""
     policy_freq: int = 2
     """Critic steps per actor step (the actor and targets update on every ``policy_freq``-th)."""
-    actor_bc_coef: float = 0.01
+    actor_bc_coef: float = DEFAULT_BC_COEF
     """beta_1: weight of the actor's squared distance to the dataset action."""
-    critic_bc_coef: float = 0.01
+    critic_bc_coef: float = DEFAULT_BC_COEF
     """beta_2: weight of the target action's squared distance to the dataset's next action."""
     normalise_q: bool = True
     """Divide the actor's Q term by its batch mean absolute value (detached)."""
@@ -69,10 +91,30 @@ class ReBRACConfig:
     """Standardise observations with the training data's mean and std (+1e-3)."""
     hidden: tuple[int, ...] = (256, 256, 256)
     """Hidden layer widths of the actor and of every critic."""
+    penalties: str | None = None
+    """A D4RL locomotion dataset (``"walker2d-medium-v2"``, ...; :data:`PAPER_PENALTIES`) whose
+    tuned ``actor_bc_coef`` and ``critic_bc_coef`` from the paper's table replace those fields."""
 
     def __post_init__(self) -> None:
         if self.policy_freq < 1:
             raise ValueError(f"policy_freq must be positive, not {self.policy_freq}")
+        if self.penalties is None:
+            return
+        if self.penalties not in PAPER_PENALTIES:
+            raise ValueError(
+                f"penalties {self.penalties!r} is not a dataset of the paper's table; "
+                f"known: {', '.join(sorted(PAPER_PENALTIES))}"
+            )
+        actor, critic = PAPER_PENALTIES[self.penalties]
+        given = (self.actor_bc_coef, self.critic_bc_coef)
+        if given not in ((actor, critic), (DEFAULT_BC_COEF, DEFAULT_BC_COEF)):
+            raise ValueError(
+                f"give either penalties ({self.penalties!r}: {actor} / {critic}) or "
+                f"actor_bc_coef / critic_bc_coef ({given[0]} / {given[1]}), not both"
+            )
+        # Frozen: the table's values become the fields, so the resolved config says them.
+        object.__setattr__(self, "actor_bc_coef", actor)
+        object.__setattr__(self, "critic_bc_coef", critic)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,8 +16,10 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from offaug.algorithms.base import config_from_json, config_to_json
 from offaug.algorithms.networks import CriticEnsemble, EnsembleLayerNorm, EnsembleMLP
 from offaug.algorithms.rebrac import (
+    PAPER_PENALTIES,
     ReBRAC,
     ReBRACConfig,
     penalised_next_values,
@@ -48,6 +50,17 @@ def test_defaults_are_the_paper_locomotion_settings() -> None:
     assert config.critic_layer_norm and not config.actor_layer_norm
     assert (config.actor_bc_coef, config.critic_bc_coef) == (0.01, 0.01)
     assert (config.policy_noise, config.noise_clip, config.policy_freq) == (0.2, 0.5, 2)
+
+
+def test_paper_penalties_set_both_coefficients_and_survive_a_json_round_trip() -> None:
+    config = config_from_json(ReBRACConfig, {"penalties": "walker2d-medium-v2"})
+    assert (config.actor_bc_coef, config.critic_bc_coef) == (0.05, 0.1)
+    assert config_from_json(ReBRACConfig, config_to_json(config)) == config
+    assert len(PAPER_PENALTIES) == 15  # 3 locomotion tasks x 5 levels
+    with pytest.raises(ValueError, match="hopper-medium-v2"):
+        ReBRACConfig(penalties="hopper-medium")  # the known names are listed
+    with pytest.raises(ValueError, match="not both"):
+        ReBRACConfig(penalties="hopper-expert-v2", actor_bc_coef=0.3)
 
 
 def test_penalties_against_hand_computations() -> None:
