@@ -40,11 +40,16 @@ class Draws:
     Called with a shape, standard normal noise (a :data:`Randn`); :meth:`uniform`, uniform
     noise. ``generator=None`` draws from the global generator of ``device``, as a single-seed
     run does; a member's generator draws on its own device and the noise moves to ``device``.
+    ``step`` is the step the draws are for (counted from 0): a learner whose phases do not all
+    run every step draws only what that step's phases read.
     """
 
-    def __init__(self, device: torch.device, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, device: torch.device, generator: torch.Generator | None = None, *, step: int = 0
+    ) -> None:
         self.device = device
         self.generator = generator
+        self.step = step
         self._source = device if generator is None else generator.device
 
     def __call__(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -72,7 +77,9 @@ class Phase:
     optimizers: tuple[str, ...]
     """Names in :attr:`FusedSpec.optimizers` stepped on this loss."""
     every: int = 1
-    """The phase runs on the steps ``s`` (counted from 0) with ``s % every == 0``."""
+    """The phase runs on the steps ``s`` (counted from 0) with ``s % every == 0``..."""
+    start: int = 0
+    """... and ``s >= start`` (a phase that waits for another's warm start)."""
     targets: tuple[str, ...] = ()
     """Target modules (keys of :attr:`FusedSpec.targets`) averaged towards their sources after."""
 

@@ -38,6 +38,13 @@ SMALL: dict[str, dict[str, Any]] = {
     "iql": {"hidden": [32, 32], "batch_size": 32, "actor_lr_decay_steps": 30},
     "rebrac": {"hidden": [32, 32], "batch_size": 32},
     "cql": {"hidden": [32, 32], "batch_size": 32, "n_action_samples": 4},
+    "bcq": {
+        "actor_hidden": [32, 32],
+        "critic_hidden": [32, 32],
+        "vae_hidden": [32, 32],
+        "batch_size": 32,
+        "n_action_samples": 4,
+    },
 }
 SEEDS = (0, 1, 2)
 TOLERANCE = 1e-5
@@ -251,9 +258,56 @@ def test_cql_per_member_hyperparameters_reach_their_member(hopper: Transitions) 
         _assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
-@pytest.mark.parametrize("algorithm", ["td3bc", "cql"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{"rl_start_step": 5, "update_actor_interval": 3}, {"n_critics": 3, "lam": 1.0}],
+    ids=["late-start-actor-interval", "three-critics"],
+)
+def test_bcq_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[str, Any]) -> None:
+    """Phases that start late and skip steps draw (and step) only when their single run does."""
+    configs = member_configs("bcq", {**SMALL["bcq"], **overrides}, 2)
+    fused, singles, metrics = _fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
+    assert fused.frozen == []
+    assert torch.isfinite(metrics["actor_loss"]).all()
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+def test_bcq_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> None:
+    """Member 1's VAE and actor (zero rates) stay where they started, its targets follow; it
+    differs in every other per-member float; each member is the single run of its config."""
+    config = {
+        **SMALL["bcq"],
+        "imitator_learning_rate": [1e-3, 0.0],
+        "actor_learning_rate": [1e-3, 0.0],
+        "critic_learning_rate": [1e-3, 3e-4],
+        "gamma": [0.99, 0.9],
+        "tau": [0.005, 0.05],
+        "lam": [0.75, 0.5],
+        "action_flexibility": [0.05, 0.2],
+        "beta": [0.5, 2.0],
+    }
+    configs = member_configs("bcq", config, 2)
+    start = _parameters(
+        build_members("bcq", [hopper], (1,), configs[1:], TrainOptions()).trainers[0]
+    )
+    fused, singles, _ = _fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
+    second = fused.member(1)
+    assert second.config.action_flexibility == 0.2 and second.config.beta == 2.0
+    after = _parameters(second)
+    still = [n for n in after if n.split(".")[0] in ("vae", "actor", "actor_target")]
+    assert still and all(torch.equal(after[n], start[n]) for n in still)
+    assert not torch.equal(after["critic.net.layers.0.weight"], start["critic.net.layers.0.weight"])
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql", "bcq"])
 def test_a_nan_member_stops_alone(hopper: Transitions, algorithm: str) -> None:
     broken = dataclasses.replace(hopper, rewards=np.full_like(hopper.rewards, np.nan))
+    if algorithm == "bcq":
+        # Its VAE steps before its critics: NaN actions break the first phase too.
+        broken = dataclasses.replace(broken, actions=np.full_like(hopper.actions, np.nan))
     configs = member_configs(algorithm, SMALL[algorithm], 2)
     start = _parameters(
         build_members(algorithm, [broken], (1,), configs[:1], TrainOptions()).trainers[0]
@@ -282,7 +336,7 @@ def test_stack_batches_matches_stacking_numpy(hopper: Transitions) -> None:
     assert torch.equal(stacked.observations, TorchBatch.from_batch(stack_numpy(raw)).observations)
 
 
-@pytest.mark.parametrize("algorithm", ["td3bc", "cql"])
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql", "bcq"])
 def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path, algorithm: str) -> None:
     options = TrainOptions(steps=12, log_every=6, eval_every=0, checkpoint_every=6, seeds=(0, 1))
     whole = train_fused(
