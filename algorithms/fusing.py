@@ -125,3 +125,20 @@ class FusedSpec:
 def config_hyperparameters(config: Any, names: tuple[str, ...]) -> dict[str, float]:
     """The fields ``names`` of a config dataclass as floats (a learner's ``hyper`` mapping)."""
     return {name: float(getattr(config, name)) for name in names}
+
+
+TARGET_COPY = "target_copy"
+"""The Polyak-rate key of learners whose targets are hard copies (:func:`hard_copy_schedule`)."""
+
+
+def hard_copy_schedule(copies: Callable[[int], bool]) -> Callable[[int, Hyper], dict[str, Any]]:
+    """A :attr:`FusedSpec.schedule` whose :data:`TARGET_COPY` rate is 1 on the steps where
+    ``copies(step)`` and 0 on the others: with ``tau=TARGET_COPY`` a phase's Polyak update is
+    then a hard copy of its source or nothing (``lerp`` with weight 1 gives its end exactly)."""
+
+    def schedule(step: int, hyper: Hyper) -> dict[str, Any]:
+        rate = float(copies(step))
+        gamma = hyper["gamma"]  # every learner has a discount: one value per member, fused
+        return {TARGET_COPY: torch.full_like(gamma, rate) if torch.is_tensor(gamma) else rate}
+
+    return schedule
