@@ -14,14 +14,17 @@ every network. Actions are learned in the normalised box ``[-1, 1]^d``
 (:func:`weighted_mean`), so importance-weighted augmented data weights the VAE, critic and
 actor terms alike.
 
-Training noise (VAE reparameterisation, candidate latents) comes from torch's global generator,
-which the training loop seeds and checkpoints; ``act`` draws its candidates from a generator the
-trainer owns, so evaluation repeats exactly from a checkpoint.
+Training noise (VAE reparameterisation, candidate latents) is :meth:`BCQ.draw_noise`'s, from
+torch's global generator, which the training loop seeds and checkpoints; ``act`` draws its
+candidates from a generator the trainer owns, so evaluation repeats exactly from a checkpoint.
+The losses of the three steps are pure functions of a batch, that noise and the
+hyperparameters, so K seeds also train as one batched network (:mod:`offaug.algorithms.
+bcq_fused`).
 
 Scoring the ``n * B`` candidates is most of a step. It runs in
 :func:`~offaug.algorithms.kernels.tiled_mlp` on the same parameters as the modules (a test
 checks the two agree): each state's share of a first layer is computed once, not ``n`` times,
-and activations go to buffers reused between steps.
+and a single run's activations go to buffers reused between steps.
 
 Where this differs from d3rlpy 2.8: the decoder ends in tanh, as in the paper (d3rlpy's
 ``with_squash`` flag is inverted, so its decoder is unbounded); ``update_actor_interval`` is
@@ -48,7 +51,9 @@ from offaug.algorithms.base import (
     weighted_mean,
 )
 from offaug.algorithms.batch import TorchBatch, to_tensor
+from offaug.algorithms.bcq_fused import bcq_fused_spec
 from offaug.algorithms.distributions import ActionNormaliser
+from offaug.algorithms.fusing import Draws, FusedSpec, Hyper, config_hyperparameters
 from offaug.algorithms.kernels import Workspace, ensemble_affines, mlp_affines, tiled_mlp
 from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.networks import VAE, CriticEnsemble, DeterministicActor
@@ -192,6 +197,17 @@ class BCQ:
     """Continuous BCQ trainer: VAE, perturbation network, twin critics and their targets."""
 
     name = "bcq"
+    fused_hyperparameters: tuple[str, ...] = (
+        "actor_learning_rate",
+        "critic_learning_rate",
+        "imitator_learning_rate",
+        "gamma",
+        "tau",
+        "lam",
+        "action_flexibility",
+        "beta",
+    )
+    """Config fields that may differ between the members of a fused run."""
 
     def __init__(
         self, spaces: Spaces, config: BCQConfig | None = None, *, device: str | None = None
@@ -222,7 +238,8 @@ class BCQ:
         self._workspace = Workspace()
         self.steps = 0
         nan = torch.tensor(_NOT_YET, device=self.device)
-        self._last_rl_metrics: dict[str, torch.Tensor] = {
+        # The latest critic and actor metrics, reported on the steps that do not train them.
+        self.last_rl_metrics: dict[str, torch.Tensor] = {
             "critic_loss": nan,
             "actor_loss": nan,
             "q_mean": nan,
@@ -238,18 +255,25 @@ class BCQ:
         actor: DeterministicActor,
         critic: CriticEnsemble,
         members: int,
+        *,
+        flexibility: float | None = None,
+        buffered: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Perturbed VAE actions and their values: ``(B, obs), (n, B, latent)`` ->
         candidates ``(n, B, act)``, values ``(members, n, B)`` of the first ``members`` critics.
 
         Computes ``perturb(G(s, z), xi(s, G(s, z)))`` and ``Q_e(s, .)`` for every latent ``z``,
-        exactly as the modules would on ``n * B`` repeated states, with :func:`tiled_mlp`.
+        exactly as the modules would on ``n * B`` repeated states, with :func:`tiled_mlp`:
+        into the trainer's reused buffers when ``buffered``, else allocating (what a fused
+        run's ``vmap`` batches). ``flexibility`` defaults to the config's Phi.
         """
-        workspace = self._workspace
+        workspace = self._workspace if buffered else None
+        if flexibility is None:
+            flexibility = self.config.action_flexibility
         decoder, perturbation = mlp_affines(self.vae.decoder), mlp_affines(actor.net)
         decoded = tiled_mlp(decoder, states, latent, workspace, "decoder").tanh_()
         residual = tiled_mlp(perturbation, states, decoded, workspace, "actor").tanh_()
-        candidates = perturb(decoded, residual, self.config.action_flexibility)  # (n, B, act)
+        candidates = perturb(decoded, residual, flexibility)  # (n, B, act)
         values = torch.stack(
             [
                 tiled_mlp(
@@ -270,16 +294,91 @@ class BCQ:
         latent = torch.randn(shape, generator=generator, device=self.device)
         return latent.clamp_(-LATENT_CLIP, LATENT_CLIP)
 
-    @torch.no_grad()
-    def _next_values(self, next_observations: torch.Tensor) -> torch.Tensor:
-        """Soft clipped double-Q value of each next state over its candidates: ``(B,)``."""
-        latent = self._prior_latent(next_observations.shape[0])
-        _, values = self._score_candidates(
-            next_observations, latent, self.actor_target, self.critic_target, self.config.n_critics
-        )  # (E, n, B)
-        return soft_clipped_double_q(values, self.config.lam)
-
     # ---- training --------------------------------------------------------------------------
+
+    def trains_critics(self, step: int) -> bool:
+        """Whether step ``step`` (counted from 0) trains the critics (from ``rl_start_step``)."""
+        return step >= self.config.rl_start_step
+
+    def trains_actor(self, step: int) -> bool:
+        """Whether step ``step`` also trains the actor (every ``update_actor_interval``)."""
+        return self.trains_critics(step) and step % self.config.update_actor_interval == 0
+
+    def hyperparameters(self) -> dict[str, float]:
+        """The values of :attr:`fused_hyperparameters` (the losses read them from here)."""
+        return config_hyperparameters(self.config, self.fused_hyperparameters)
+
+    def draw_noise(self, batch_size: int, draws: Draws) -> dict[str, torch.Tensor]:
+        """The random draws of step ``draws.step``, in this order: the VAE's reparameterisation
+        noise ``vae`` ``(B, latent)``; on critic steps the clipped prior latents ``target``
+        ``(n, B, latent)`` of the next states' candidates; on actor steps the clipped prior
+        latent ``actor`` ``(B, latent)`` of the action the actor perturbs."""
+        latent_dim = self.vae.latent_dim
+        noise = {"vae": draws((batch_size, latent_dim))}
+        if self.trains_critics(draws.step):
+            shape = (self.config.n_action_samples, batch_size, latent_dim)
+            noise["target"] = draws(shape).clamp_(-LATENT_CLIP, LATENT_CLIP)
+        if self.trains_actor(draws.step):
+            latent = draws((batch_size, latent_dim))
+            noise["actor"] = latent.clamp_(-LATENT_CLIP, LATENT_CLIP)
+        return noise
+
+    def imitation_loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The VAE's loss on the data actions (:func:`vae_loss`) and its terms."""
+        actions = self.normaliser(batch.actions)
+        reconstruction, latent_mean, latent_log_std = self.vae(
+            batch.observations, actions, noise["vae"]
+        )
+        imitation = vae_loss(
+            reconstruction, actions, latent_mean, latent_log_std, hyper["beta"], batch.weights
+        )
+        return imitation.total, {
+            "vae_loss": imitation.total.detach(),
+            "vae_reconstruction": imitation.reconstruction.detach(),
+            "vae_kl": imitation.kl.detach(),
+        }
+
+    def critic_loss(
+        self,
+        batch: TorchBatch,
+        noise: Mapping[str, torch.Tensor],
+        hyper: Hyper,
+        *,
+        buffered: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critics' TD loss towards the soft clipped double-Q value of each next state's
+        candidates (``buffered``: as for the candidate pass; the single-seed update's)."""
+        actions = self.normaliser(batch.actions)
+        with torch.no_grad():
+            _, values = self._score_candidates(
+                batch.next_observations,
+                noise["target"],
+                self.actor_target,
+                self.critic_target,
+                self.config.n_critics,
+                flexibility=hyper["action_flexibility"],
+                buffered=buffered,
+            )  # (E, n, B)
+            next_values = soft_clipped_double_q(values, hyper["lam"])
+            targets = td_target(batch.rewards, batch.terminals, next_values, hyper["gamma"])
+        q_values = self.critic(batch.observations, actions)  # (E, B)
+        loss = ensemble_td_loss(q_values, targets, batch.weights)
+        return loss, {"critic_loss": loss.detach(), "q_mean": q_values.detach().mean()}
+
+    def policy_loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``-Q_1`` of each state's perturbed VAE action (the critics' parameters must take
+        no gradient from it)."""
+        observations = batch.observations
+        with torch.no_grad():
+            decoded = self.vae.decode(observations, noise["actor"])  # (B, act)
+        residual = self.actor(torch.cat([observations, decoded], dim=-1))
+        policy_actions = perturb(decoded, residual, hyper["action_flexibility"])
+        loss = actor_loss(self.critic(observations, policy_actions)[0], batch.weights)
+        return loss, {"actor_loss": loss.detach()}
 
     def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
         """One step: VAE, then critics, then (every ``update_actor_interval``) the actor.
@@ -288,58 +387,41 @@ class BCQ:
         ``rl_start_step``), so every step returns the same metric names.
         """
         cfg = self.config
-        observations, weights = batch.observations, batch.weights
-        actions = self.normaliser(batch.actions)
-
-        reconstruction, latent_mean, latent_log_std = self.vae(observations, actions)
-        imitation = vae_loss(
-            reconstruction, actions, latent_mean, latent_log_std, cfg.beta, weights
-        )
+        noise = self.draw_noise(len(batch.rewards), Draws(self.device, step=self.steps))
+        hyper = self.hyperparameters()
+        loss, metrics = self.imitation_loss(batch, noise, hyper)
         self.vae_optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(imitation.total)
+        torch.autograd.backward(loss)
         self.vae_optimizer.step()
-        metrics = {
-            "vae_loss": imitation.total.detach(),
-            "vae_reconstruction": imitation.reconstruction.detach(),
-            "vae_kl": imitation.kl.detach(),
-        }
 
-        if self.steps >= cfg.rl_start_step:
-            self._update_critic(batch, actions)
-            if self.steps % cfg.update_actor_interval == 0:
-                self._update_actor(observations, weights)
+        if self.trains_critics(self.steps):
+            loss, critic_metrics = self.critic_loss(batch, noise, hyper, buffered=True)
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            torch.autograd.backward(loss)
+            self.critic_optimizer.step()
+            self.last_rl_metrics.update(critic_metrics)
+            if self.trains_actor(self.steps):
+                loss, actor_metrics = self.policy_loss(batch, noise, hyper)
+                # Gradients for the actor only: the critics' weight gradients are never computed.
+                grads = torch.autograd.grad(loss, self._actor_params)
+                for param, grad in zip(self._actor_params, grads, strict=True):
+                    param.grad = grad
+                self.actor_optimizer.step()
+                self.last_rl_metrics.update(actor_metrics)
                 soft_update(self.actor_target, self.actor, cfg.tau)
             soft_update(self.critic_target, self.critic, cfg.tau)
         self.steps += 1
-        return {**metrics, **self._last_rl_metrics}
+        return {**metrics, **self.last_rl_metrics}
 
-    def _update_critic(self, batch: TorchBatch, actions: torch.Tensor) -> None:
-        next_values = self._next_values(batch.next_observations)
-        targets = td_target(batch.rewards, batch.terminals, next_values, self.config.gamma)
-        q_values = self.critic(batch.observations, actions)  # (E, B)
-        loss = ensemble_td_loss(q_values, targets, batch.weights)
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        self.critic_optimizer.step()
-        self._last_rl_metrics["critic_loss"] = loss.detach()
-        self._last_rl_metrics["q_mean"] = q_values.detach().mean()
+    def fused_spec(self) -> FusedSpec:
+        """The update as VAE, critic and actor phases (:mod:`offaug.algorithms.bcq_fused`)."""
+        return bcq_fused_spec(self)
 
-    def _update_actor(self, observations: torch.Tensor, weights: torch.Tensor) -> None:
-        batch = observations.shape[0]
-        with torch.no_grad():
-            latent = torch.randn((batch, self.vae.latent_dim), device=observations.device).clamp_(
-                -LATENT_CLIP, LATENT_CLIP
-            )
-            decoded = self.vae.decode(observations, latent)  # (B, act)
-        residual = self.actor(torch.cat([observations, decoded], dim=-1))
-        policy_actions = perturb(decoded, residual, self.config.action_flexibility)
-        loss = actor_loss(self.critic(observations, policy_actions)[0], weights)
-        # Gradients for the actor only: the critics' weight gradients are never computed.
-        grads = torch.autograd.grad(loss, self._actor_params)
-        for param, grad in zip(self._actor_params, grads, strict=True):
-            param.grad = grad
-        self.actor_optimizer.step()
-        self._last_rl_metrics["actor_loss"] = loss.detach()
+    def restore_rl_metrics(self, metrics: Mapping[str, torch.Tensor]) -> None:
+        """Set the latest critic and actor metrics (a fused run's member)."""
+        self.last_rl_metrics = {
+            name: metrics[name].to(self.device) for name in self.last_rl_metrics
+        }
 
     # ---- inference -------------------------------------------------------------------------
 

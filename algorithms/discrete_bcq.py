@@ -33,6 +33,15 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch, index_tensor, to_tensor
 from offaug.algorithms.bcq import QReduction, reduce_ensemble
+from offaug.algorithms.fusing import (
+    TARGET_COPY,
+    FusedSpec,
+    Hyper,
+    OptimizerSpec,
+    Phase,
+    config_hyperparameters,
+    hard_copy_schedule,
+)
 from offaug.algorithms.losses import td_target
 from offaug.algorithms.networks import MLP, EnsembleLinear, EnsembleMLP
 
@@ -159,6 +168,9 @@ class DiscreteBCQ:
     """Discrete BCQ trainer: Q ensemble + imitation network, one optimiser, hard target copies."""
 
     name = "discrete_bcq"
+    fused_hyperparameters: tuple[str, ...] = ("learning_rate", "gamma", "beta")
+    """Config fields that may differ between the members of a fused run (the allowed-action
+    threshold ``action_flexibility`` is one value for all)."""
 
     def __init__(
         self,
@@ -185,9 +197,18 @@ class DiscreteBCQ:
         allowed = allowed_actions(imitation_logits, self.config.action_flexibility)
         return constrained_greedy(q_values.mean(0), allowed)
 
-    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
-        """One gradient step on TD + imitation losses; hard target copy every interval."""
-        cfg = self.config
+    def hyperparameters(self) -> dict[str, float]:
+        """The values of :attr:`fused_hyperparameters` (the loss reads them from here)."""
+        return config_hyperparameters(self.config, self.fused_hyperparameters)
+
+    def copies_target(self, step: int) -> bool:
+        """Whether step ``step`` (counted from 0) ends with a hard copy into the target."""
+        return (step + 1) % self.config.target_update_interval == 0
+
+    def loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The step's TD + imitation loss and its metrics (no noise)."""
         with torch.no_grad():
             # Double DQN: the online networks choose among allowed actions, the target scores.
             next_q, next_logits = self.network(batch.next_observations)
@@ -195,24 +216,45 @@ class DiscreteBCQ:
             target_q = self.target.q_only(batch.next_observations)  # (E, B, A)
             index = next_actions.view(1, -1, 1).expand(target_q.shape[0], -1, 1)
             next_values = target_q.gather(-1, index).squeeze(-1).amin(0)  # (E, B) -> (B,)
-            targets = td_target(batch.rewards, batch.terminals, next_values, cfg.gamma)
+            targets = td_target(batch.rewards, batch.terminals, next_values, hyper["gamma"])
         q_values, logits = self.network(batch.observations)
         taken = batch.actions.view(1, -1, 1).expand(q_values.shape[0], -1, 1)
         q_taken = q_values.gather(-1, taken).squeeze(-1)  # (E, B)
-        loss = discrete_bcq_loss(q_taken, targets, logits, batch.actions, cfg.beta, batch.weights)
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss.total)
-        self.optimizer.step()
-        self.steps += 1
-        if self.steps % cfg.target_update_interval == 0:
-            hard_update(self.target, self.network)
-        return {
+        loss = discrete_bcq_loss(
+            q_taken, targets, logits, batch.actions, hyper["beta"], batch.weights
+        )
+        return loss.total, {
             "loss": loss.total.detach(),
             "td_loss": loss.td.detach(),
             "imitation_loss": loss.imitation.detach(),
             "logit_penalty": loss.regularisation.detach(),
             "q_mean": q_taken.detach().mean(),
         }
+
+    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
+        """One gradient step on TD + imitation losses; hard target copy every interval."""
+        loss, metrics = self.loss(batch, {}, self.hyperparameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        self.optimizer.step()
+        if self.copies_target(self.steps):
+            hard_update(self.target, self.network)
+        self.steps += 1
+        return metrics
+
+    def fused_spec(self) -> FusedSpec:
+        """The update as one phase whose target step is the hard copy (see
+        :func:`~offaug.algorithms.fusing.hard_copy_schedule`)."""
+        return FusedSpec(
+            modules={"network": self.network, "target": self.target},
+            optimizers={"network": OptimizerSpec(self.optimizer, "network", "learning_rate")},
+            targets={"target": "network"},
+            phases=(Phase(self.loss, ("network",), targets=("target",)),),
+            hyperparameters=self.hyperparameters(),
+            metrics=("loss", "td_loss", "imitation_loss", "logit_penalty", "q_mean"),
+            schedule=hard_copy_schedule(self.copies_target),
+            tau=TARGET_COPY,
+        )
 
     @torch.no_grad()
     def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:

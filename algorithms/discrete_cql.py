@@ -29,6 +29,15 @@ from offaug.algorithms.base import (
     weighted_mean,
 )
 from offaug.algorithms.batch import TorchBatch, index_tensor, to_tensor
+from offaug.algorithms.fusing import (
+    TARGET_COPY,
+    FusedSpec,
+    Hyper,
+    OptimizerSpec,
+    Phase,
+    config_hyperparameters,
+    hard_copy_schedule,
+)
 from offaug.algorithms.losses import td_target
 from offaug.algorithms.networks import DiscreteCriticEnsemble
 
@@ -85,6 +94,8 @@ class DiscreteCQL:
     """Discrete CQL trainer: double DQN with a hard-copied target and the CQL penalty."""
 
     name = "discrete_cql"
+    fused_hyperparameters: tuple[str, ...] = ("learning_rate", "gamma", "alpha")
+    """Config fields that may differ between the members of a fused run."""
 
     def __init__(
         self,
@@ -106,8 +117,18 @@ class DiscreteCQL:
         self.optimizer = adam(self.critic.parameters(), cfg.learning_rate)
         self.steps = 0
 
-    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
-        """One gradient step; the target is copied when the step count hits the interval."""
+    def hyperparameters(self) -> dict[str, float]:
+        """The values of :attr:`fused_hyperparameters` (the loss reads them from here)."""
+        return config_hyperparameters(self.config, self.fused_hyperparameters)
+
+    def copies_target(self, step: int) -> bool:
+        """Whether step ``step`` (counted from 0) ends with a hard copy into the target."""
+        return step % self.config.target_update_interval == 0
+
+    def loss(
+        self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The step's TD loss plus ``alpha`` times the penalty, and its metrics (no noise)."""
         cfg = self.config
         batch_size = batch.observations.shape[0]
         # One online pass over s and s' together: (2B, obs) -> (E, 2B, n_actions).
@@ -121,22 +142,41 @@ class DiscreteCQL:
             q_next = self.critic_target(batch.next_observations)  # (E, B, n_actions)
             index_next = next_actions.view(1, -1, 1).expand(q_next.shape[0], -1, 1)
             next_values = q_next.gather(-1, index_next).squeeze(-1).min(0).values  # (B,)
-            target = td_target(batch.rewards, batch.terminals, next_values, cfg.gamma)
+            target = td_target(batch.rewards, batch.terminals, next_values, hyper["gamma"])
         td = discrete_td_loss(q_data, target, batch.weights, cfg.td_loss)
         conservative = discrete_conservative_loss(q_values, q_data, batch.weights)
-        loss = td + cfg.alpha * conservative
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        if self.steps % cfg.target_update_interval == 0:
-            hard_update(self.critic_target, self.critic)
-        self.steps += 1
-        return {
+        loss = td + hyper["alpha"] * conservative
+        return loss, {
             "loss": loss.detach(),
             "td_loss": td.detach(),
             "conservative_loss": conservative.detach(),
             "q_data": q_data.detach().mean(),
         }
+
+    def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
+        """One gradient step; the target is copied when the step count hits the interval."""
+        loss, metrics = self.loss(batch, {}, self.hyperparameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if self.copies_target(self.steps):
+            hard_update(self.critic_target, self.critic)
+        self.steps += 1
+        return metrics
+
+    def fused_spec(self) -> FusedSpec:
+        """The update as one phase whose target step is the hard copy (see
+        :func:`~offaug.algorithms.fusing.hard_copy_schedule`)."""
+        return FusedSpec(
+            modules={"critic": self.critic, "critic_target": self.critic_target},
+            optimizers={"critic": OptimizerSpec(self.optimizer, "critic", "learning_rate")},
+            targets={"critic_target": "critic"},
+            phases=(Phase(self.loss, ("critic",), targets=("critic_target",)),),
+            hyperparameters=self.hyperparameters(),
+            metrics=("loss", "td_loss", "conservative_loss", "q_data"),
+            schedule=hard_copy_schedule(self.copies_target),
+            tau=TARGET_COPY,
+        )
 
     @torch.no_grad()
     def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:

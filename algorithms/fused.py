@@ -238,7 +238,7 @@ class FusedTrainer:
         noise = self._draw(int(batch.rewards.shape[1]))
         metrics: dict[str, torch.Tensor] = dict(self.carried)
         for phase, tensors in zip(self.spec.phases, self._inputs, strict=True):
-            if self.steps % phase.every:
+            if self.steps < phase.start or self.steps % phase.every:
                 continue
             loss, phase_metrics = vmap(self._member_loss(phase), randomness="error")(
                 tensors, fields, noise, hyper
@@ -291,7 +291,10 @@ class FusedTrainer:
     def _draw(self, batch_size: int) -> dict[str, torch.Tensor]:
         if self.spec.noise is None:
             return {}
-        draws = [self.spec.noise(batch_size, Draws(self.device, g)) for g in self.generators]
+        draws = [
+            self.spec.noise(batch_size, Draws(self.device, g, step=self.steps))
+            for g in self.generators
+        ]
         return {name: torch.stack([d[name] for d in draws]) for name in draws[0]}
 
     # -- members -------------------------------------------------------------------------------

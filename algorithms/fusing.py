@@ -40,11 +40,16 @@ class Draws:
     Called with a shape, standard normal noise (a :data:`Randn`); :meth:`uniform`, uniform
     noise. ``generator=None`` draws from the global generator of ``device``, as a single-seed
     run does; a member's generator draws on its own device and the noise moves to ``device``.
+    ``step`` is the step the draws are for (counted from 0): a learner whose phases do not all
+    run every step draws only what that step's phases read.
     """
 
-    def __init__(self, device: torch.device, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, device: torch.device, generator: torch.Generator | None = None, *, step: int = 0
+    ) -> None:
         self.device = device
         self.generator = generator
+        self.step = step
         self._source = device if generator is None else generator.device
 
     def __call__(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -72,7 +77,9 @@ class Phase:
     optimizers: tuple[str, ...]
     """Names in :attr:`FusedSpec.optimizers` stepped on this loss."""
     every: int = 1
-    """The phase runs on the steps ``s`` (counted from 0) with ``s % every == 0``."""
+    """The phase runs on the steps ``s`` (counted from 0) with ``s % every == 0``..."""
+    start: int = 0
+    """... and ``s >= start`` (a phase that waits for another's warm start)."""
     targets: tuple[str, ...] = ()
     """Target modules (keys of :attr:`FusedSpec.targets`) averaged towards their sources after."""
 
@@ -118,3 +125,20 @@ class FusedSpec:
 def config_hyperparameters(config: Any, names: tuple[str, ...]) -> dict[str, float]:
     """The fields ``names`` of a config dataclass as floats (a learner's ``hyper`` mapping)."""
     return {name: float(getattr(config, name)) for name in names}
+
+
+TARGET_COPY = "target_copy"
+"""The Polyak-rate key of learners whose targets are hard copies (:func:`hard_copy_schedule`)."""
+
+
+def hard_copy_schedule(copies: Callable[[int], bool]) -> Callable[[int, Hyper], dict[str, Any]]:
+    """A :attr:`FusedSpec.schedule` whose :data:`TARGET_COPY` rate is 1 on the steps where
+    ``copies(step)`` and 0 on the others: with ``tau=TARGET_COPY`` a phase's Polyak update is
+    then a hard copy of its source or nothing (``lerp`` with weight 1 gives its end exactly)."""
+
+    def schedule(step: int, hyper: Hyper) -> dict[str, Any]:
+        rate = float(copies(step))
+        gamma = hyper["gamma"]  # every learner has a discount: one value per member, fused
+        return {TARGET_COPY: torch.full_like(gamma, rate) if torch.is_tensor(gamma) else rate}
+
+    return schedule

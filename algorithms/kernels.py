@@ -48,7 +48,7 @@ def affine_mlp(
     hidden: torch.Tensor,
     *,
     relu_input: bool = False,
-    out: Callable[[int, int], torch.Tensor] | None = None,
+    out: Callable[[int, int], torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """A ReLU MLP on ``(N, in)`` rows: ``addmm`` per layer, ReLU in place between layers.
 
@@ -143,7 +143,7 @@ def tiled_mlp(
     affines: Sequence[Affine],
     states: torch.Tensor,
     extras: torch.Tensor,
-    workspace: Workspace,
+    workspace: Workspace | None,
     name: str,
 ) -> torch.Tensor:
     """A ReLU MLP of ``[state, extra]`` for ``n`` extras per state.
@@ -154,13 +154,16 @@ def tiled_mlp(
     state's share of the first layer is computed once per state instead of once per candidate,
     no input is concatenated, each ReLU runs in place, and every layer writes into a buffer of
     ``workspace``. The result lives in the buffer ``name``, valid until the next call with the
-    same name.
+    same name. With ``workspace=None`` every layer allocates its output instead: the form
+    ``torch.func.vmap`` can batch (a fused run's members), same arithmetic.
     """
     n, batch, extra_dim = extras.shape
     state_dim = states.shape[-1]
     last = len(affines) - 1
 
-    def buffer(depth: int, width: int) -> torch.Tensor:
+    def buffer(depth: int, width: int) -> torch.Tensor | None:
+        if workspace is None:
+            return None
         # Hidden layers alternate between two buffers shared by every MLP of the pass (a
         # small working set stays in cache); the output has its own, named buffer.
         key = f"{name}.out" if depth == last else f"hidden{depth % 2}"

@@ -338,12 +338,18 @@ class VAE(nn.Module):
         self.decoder = MLP(observation_dim + self.latent_dim, hidden, action_dim)
 
     def forward(
-        self, observations: torch.Tensor, actions: torch.Tensor
+        self, observations: torch.Tensor, actions: torch.Tensor, noise: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Reconstruction, latent mean and latent log std."""
+        """Reconstruction, latent mean and latent log std.
+
+        ``noise`` ``(B, latent)``: the standard normal draw of the reparameterised latent
+        (drawn from the global generator when not given).
+        """
         mean, log_std = self.encoder(torch.cat([observations, actions], -1)).chunk(2, dim=-1)
         log_std = log_std.clamp(-4.0, 15.0)
-        latent = mean + log_std.exp() * torch.randn_like(mean)
+        if noise is None:
+            noise = torch.randn_like(mean)
+        latent = mean + log_std.exp() * noise
         return self.decode(observations, latent), mean, log_std
 
     def decode(

@@ -1,6 +1,7 @@
 """Many seeds in one process: per-seed gradient steps/s of a fused run of K members.
 
-For each learner that trains fused (BC, TD3+BC, IQL, CQL) at 64x64 and 256x256 and K = 1, 2, 5, 10:
+For each learner that trains fused (BC, TD3+BC, IQL, CQL, BCQ) at 64x64 and 256x256 and K = 1, 2, 5,
+10:
 the per-seed step rate of :class:`offaug.algorithms.fused.FusedTrainer` (K samplers' batches
 stacked, one fused update: ``K x steps / time``) against K sequential single-seed offaug runs
 (one trainer's ``sample + update`` rate: K runs one after another give each seed that rate) and
@@ -9,11 +10,12 @@ one CPU thread, median of repeats. Each record carries the matmul floor of the K
 (the update's ``mm/addmm/bmm/baddbmm`` shapes run back to back, ``_common.plain_matmuls``)
 as a per-seed rate, and the fused rate's share of it.
 
-Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x, CQL 1.3x
-(it scores thousands of sampled actions a step, so its single run is closer to the arithmetic
-limit already); 256x256 1.1x for all. BCQ does not train fused yet: it gets no records.
+Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x, CQL and BCQ
+1.3x (they score thousands of sampled actions a step, so their single runs are closer to the
+arithmetic limit already); 256x256 1.1x for all. BCQ trains on batches of 100 (its default, as
+in ``bench_algorithms``), the others on 256.
 
-Usage: ``python benchmarks/bench_fused.py [--quick] [--only bc,td3bc,iql,cql]``; JSON lines.
+Usage: ``python benchmarks/bench_fused.py [--quick] [--only bc,td3bc,iql,cql,bcq]``; JSON lines.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ GOALS = {64: 3.0, 256: 1.1}
 """Per-seed rate of a fused run over single-seed offaug's, at K = 5."""
 SAMPLING_GOALS = {64: 1.3, 256: 1.1}
 """The same for the learners that score sampled actions (:data:`SAMPLING`)."""
-SAMPLING = {"cql"}
+SAMPLING = {"cql", "bcq"}
 GOAL_MEMBERS = 5
 
 
@@ -81,7 +83,8 @@ def _floor(fused: Any, samplers: list[Any]) -> float:
     from offaug.algorithms.batch import TorchBatch
     from offaug.algorithms.train_fused import stack_numpy
 
-    cycle = int(getattr(fused.trainers[0].config, "policy_freq", 1))
+    config = fused.trainers[0].config
+    cycle = int(getattr(config, "policy_freq", getattr(config, "update_actor_interval", 1)))
     batch = TorchBatch.from_batch(stack_numpy([s.sample() for s in samplers]))
     seconds, _ = plain_matmuls(matmul_shapes(fused, batch, cycle), repeats=10)
     return seconds / cycle
@@ -102,7 +105,7 @@ def _measure(
     from offaug.algorithms.base import spaces_from_transitions
     from offaug.algorithms.train import make_sampler
 
-    batch = 256
+    batch = 100 if name == "bcq" else 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
     torch.manual_seed(0)
     single = offaug_trainer(name, hidden, batch, spaces)
@@ -150,7 +153,7 @@ def _measure(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a few minutes")
-    parser.add_argument("--only", default="bc,td3bc,iql,cql", help="learners to measure")
+    parser.add_argument("--only", default="bc,td3bc,iql,cql,bcq", help="learners to measure")
     args = parser.parse_args(argv)
     reporter = Reporter(protect_stdout())
     one_cpu_thread()

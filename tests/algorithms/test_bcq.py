@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from offaug.algorithms import registry
-from offaug.algorithms.base import Spaces, spaces_from_transitions
+from offaug.algorithms.base import Spaces, soft_update, spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.bcq import (
     BCQ,
@@ -28,6 +28,7 @@ from offaug.algorithms.discrete_bcq import (
     constrained_greedy,
     discrete_bcq_loss,
 )
+from offaug.algorithms.kernels import Workspace, ensemble_affines, mlp_affines, tiled_mlp
 from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.train import TrainOptions, load_trainer, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
@@ -300,6 +301,82 @@ def test_same_seed_gives_identical_parameters(hopper: Transitions) -> None:
     assert len(runs[0]) > 20
     for first, second in zip(*runs, strict=True):
         assert torch.equal(first, second)
+
+
+def _update_as_drawn_inline(trainer: BCQ, batch: TorchBatch) -> None:
+    """BCQ's update as it was written before its noise came from ``draw_noise`` (each draw
+    made where it is used, the candidates scored inline), kept to pin the update down."""
+    cfg, workspace = trainer.config, Workspace()
+    observations, weights = batch.observations, batch.weights
+    actions = trainer.normaliser(batch.actions)
+    reconstruction, mean, log_std = trainer.vae(observations, actions)
+    imitation = vae_loss(reconstruction, actions, mean, log_std, cfg.beta, weights)
+    trainer.vae_optimizer.zero_grad(set_to_none=True)
+    torch.autograd.backward(imitation.total)
+    trainer.vae_optimizer.step()
+    if trainer.steps >= cfg.rl_start_step:
+        shape = (cfg.n_action_samples, len(observations), trainer.vae.latent_dim)
+        latent = torch.randn(shape).clamp_(-0.5, 0.5)
+        states = batch.next_observations
+        with torch.no_grad():
+            decoder = mlp_affines(trainer.vae.decoder)
+            decoded = tiled_mlp(decoder, states, latent, workspace, "decoder").tanh_()
+            perturbation = mlp_affines(trainer.actor_target.net)
+            residual = tiled_mlp(perturbation, states, decoded, workspace, "actor").tanh_()
+            candidates = perturb(decoded, residual, cfg.action_flexibility)
+            values = torch.stack(
+                [
+                    tiled_mlp(
+                        ensemble_affines(trainer.critic_target.net, e),
+                        states,
+                        candidates,
+                        workspace,
+                        f"critic{e}",
+                    ).squeeze(-1)
+                    for e in range(cfg.n_critics)
+                ]
+            )
+        next_values = soft_clipped_double_q(values, cfg.lam)
+        targets = td_target(batch.rewards, batch.terminals, next_values, cfg.gamma)
+        loss = ensemble_td_loss(trainer.critic(observations, actions), targets, weights)
+        trainer.critic_optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        trainer.critic_optimizer.step()
+        if trainer.steps % cfg.update_actor_interval == 0:
+            with torch.no_grad():
+                latent = torch.randn((len(observations), trainer.vae.latent_dim)).clamp_(-0.5, 0.5)
+                decoded = trainer.vae.decode(observations, latent)
+            residual = trainer.actor(torch.cat([observations, decoded], dim=-1))
+            policy_actions = perturb(decoded, residual, cfg.action_flexibility)
+            loss = actor_loss(trainer.critic(observations, policy_actions)[0], weights)
+            parameters = list(trainer.actor.parameters())
+            for param, grad in zip(parameters, torch.autograd.grad(loss, parameters), strict=True):
+                param.grad = grad
+            trainer.actor_optimizer.step()
+            soft_update(trainer.actor_target, trainer.actor, cfg.tau)
+        soft_update(trainer.critic_target, trainer.critic, cfg.tau)
+    trainer.steps += 1
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"rl_start_step": 3, "update_actor_interval": 2, "n_critics": 3}]
+)
+def test_update_draws_and_steps_exactly_as_the_inline_update(
+    hopper: Transitions, overrides: dict[str, int]
+) -> None:
+    """20 seeded updates give bit for bit the parameters, optimiser states and generator
+    state of the update written out inline (what a fused run's members are compared with)."""
+    config = dataclasses.replace(SMALL, **overrides)
+    batches = _batches(hopper, 20, size=32)
+    runs = []
+    for step in (BCQ.update, _update_as_drawn_inline):
+        trainer = _build(BCQ, _spaces(hopper), config, seed=5)
+        for batch in batches:
+            step(trainer, batch)
+        runs.append((_tensors(trainer.state_dict()), torch.get_rng_state()))
+    (mine, my_rng), (theirs, their_rng) = runs
+    assert len(mine) == len(theirs) > 20 and torch.equal(my_rng, their_rng)
+    assert all(torch.equal(x, y) for x, y in zip(mine, theirs, strict=True))
 
 
 def test_vae_learns_the_behaviour_and_the_policy_stays_near_it() -> None:

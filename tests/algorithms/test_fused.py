@@ -38,7 +38,17 @@ SMALL: dict[str, dict[str, Any]] = {
     "iql": {"hidden": [32, 32], "batch_size": 32, "actor_lr_decay_steps": 30},
     "rebrac": {"hidden": [32, 32], "batch_size": 32},
     "cql": {"hidden": [32, 32], "batch_size": 32, "n_action_samples": 4},
+    "bcq": {
+        "actor_hidden": [32, 32],
+        "critic_hidden": [32, 32],
+        "vae_hidden": [32, 32],
+        "batch_size": 32,
+        "n_action_samples": 4,
+    },
+    "discrete_cql": {"hidden": [32, 32], "batch_size": 32, "target_update_interval": 5},
+    "discrete_bcq": {"hidden": [32, 32], "batch_size": 32, "target_update_interval": 5},
 }
+DISCRETE = ("discrete_cql", "discrete_bcq")
 SEEDS = (0, 1, 2)
 TOLERANCE = 1e-5
 MOMENT_TOLERANCE = 1e-2
@@ -47,6 +57,13 @@ MOMENT_TOLERANCE = 1e-2
 @pytest.fixture
 def hopper(make_test_dataset) -> Transitions:
     return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
+
+
+@pytest.fixture
+def data(make_test_dataset, algorithm: str) -> Transitions:
+    """The data of a test parametrised by ``algorithm``: CartPole for discrete learners."""
+    kind = "cartpole" if algorithm in DISCRETE else "hopper"
+    return load_transitions(make_test_dataset(kind, "hdf5").dataset_id)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -85,12 +102,12 @@ def _parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("algorithm", list(SMALL))
-def test_members_start_and_sample_as_single_runs(hopper: Transitions, algorithm: str) -> None:
+def test_members_start_and_sample_as_single_runs(data: Transitions, algorithm: str) -> None:
     options = TrainOptions(steps=3)
     configs = member_configs(algorithm, SMALL[algorithm], len(SEEDS))
-    fused = build_members(algorithm, [hopper], SEEDS, configs, options)
+    fused = build_members(algorithm, [data], SEEDS, configs, options)
     for k, seed in enumerate(SEEDS):
-        single = build_members(algorithm, [hopper], [seed], configs[:1], options)
+        single = build_members(algorithm, [data], [seed], configs[:1], options)
         first, other = _parameters(fused.trainers[k]), _parameters(single.trainers[0])
         assert first.keys() == other.keys()
         assert all(torch.equal(first[n], other[n]) for n in first)
@@ -123,12 +140,12 @@ def test_members_sample_their_own_sources_as_single_runs(hopper: Transitions) ->
 
 @pytest.mark.parametrize("algorithm", list(SMALL))
 def test_fused_run_matches_single_seed_runs(
-    hopper: Transitions, algorithm: str, tmp_path: Path
+    data: Transitions, algorithm: str, tmp_path: Path
 ) -> None:
     options = TrainOptions(steps=20, log_every=10, eval_every=20, eval_episodes=2)
     fused = train_fused(
         algorithm,
-        [hopper],
+        [data],
         tmp_path / "fused",
         config=SMALL[algorithm],
         options=dataclasses.replace(options, seeds=SEEDS),
@@ -138,7 +155,7 @@ def test_fused_run_matches_single_seed_runs(
         assert run.out == tmp_path / "fused" / f"seed_{seed}"
         single = train(
             algorithm,
-            [hopper],
+            [data],
             tmp_path / f"single_{seed}",
             config=SMALL[algorithm],
             options=dataclasses.replace(options, seed=seed),
@@ -251,16 +268,91 @@ def test_cql_per_member_hyperparameters_reach_their_member(hopper: Transitions) 
         _assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
-@pytest.mark.parametrize("algorithm", ["td3bc", "cql"])
-def test_a_nan_member_stops_alone(hopper: Transitions, algorithm: str) -> None:
-    broken = dataclasses.replace(hopper, rewards=np.full_like(hopper.rewards, np.nan))
+@pytest.mark.parametrize(
+    "overrides",
+    [{"rl_start_step": 5, "update_actor_interval": 3}, {"n_critics": 3, "lam": 1.0}],
+    ids=["late-start-actor-interval", "three-critics"],
+)
+def test_bcq_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[str, Any]) -> None:
+    """Phases that start late and skip steps draw (and step) only when their single run does."""
+    configs = member_configs("bcq", {**SMALL["bcq"], **overrides}, 2)
+    fused, singles, metrics = _fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
+    assert fused.frozen == []
+    assert torch.isfinite(metrics["actor_loss"]).all()
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+def test_bcq_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> None:
+    """Member 1's VAE and actor (zero rates) stay where they started, its targets follow; it
+    differs in every other per-member float; each member is the single run of its config."""
+    config = {
+        **SMALL["bcq"],
+        "imitator_learning_rate": [1e-3, 0.0],
+        "actor_learning_rate": [1e-3, 0.0],
+        "critic_learning_rate": [1e-3, 3e-4],
+        "gamma": [0.99, 0.9],
+        "tau": [0.005, 0.05],
+        "lam": [0.75, 0.5],
+        "action_flexibility": [0.05, 0.2],
+        "beta": [0.5, 2.0],
+    }
+    configs = member_configs("bcq", config, 2)
+    start = _parameters(
+        build_members("bcq", [hopper], (1,), configs[1:], TrainOptions()).trainers[0]
+    )
+    fused, singles, _ = _fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
+    second = fused.member(1)
+    assert second.config.action_flexibility == 0.2 and second.config.beta == 2.0
+    after = _parameters(second)
+    still = [n for n in after if n.split(".")[0] in ("vae", "actor", "actor_target")]
+    assert still and all(torch.equal(after[n], start[n]) for n in still)
+    assert not torch.equal(after["critic.net.layers.0.weight"], start["critic.net.layers.0.weight"])
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+@pytest.mark.parametrize("algorithm", DISCRETE)
+def test_discrete_per_member_hyperparameters_reach_their_member(
+    data: Transitions, algorithm: str
+) -> None:
+    """Member 1 (a zero learning rate) keeps its start, and its target, copied from it at
+    every interval, stays equal to it; each member is the single run of its config."""
+    other = {"discrete_cql": "alpha", "discrete_bcq": "beta"}[algorithm]
+    config = {
+        **SMALL[algorithm],
+        "learning_rate": [1e-3, 0.0],
+        "gamma": [0.99, 0.9],
+        other: [1.0, 0.25],
+    }
+    configs = member_configs(algorithm, config, 2)
+    built = build_members(algorithm, [data], (0, 1), configs, TrainOptions())
+    starts = [_parameters(trainer) for trainer in built.trainers]
+    fused, singles, _ = _fused_and_single_runs(algorithm, [[data]] * 2, configs, 12)
+    second = fused.member(1)
+    assert getattr(second.config, other) == 0.25 and second.config.gamma == 0.9
+    after = _parameters(second)
+    assert all(torch.equal(after[n], starts[1][n]) for n in after)
+    moved = _parameters(fused.member(0))
+    assert all(not torch.equal(moved[n], starts[0][n]) for n in moved if "weight" in n)
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql", "bcq", "discrete_bcq"])
+def test_a_nan_member_stops_alone(data: Transitions, algorithm: str) -> None:
+    broken = dataclasses.replace(data, rewards=np.full_like(data.rewards, np.nan))
+    if algorithm == "bcq":
+        # Its VAE steps before its critics: NaN actions break the first phase too.
+        broken = dataclasses.replace(broken, actions=np.full_like(data.actions, np.nan))
     configs = member_configs(algorithm, SMALL[algorithm], 2)
     start = _parameters(
         build_members(algorithm, [broken], (1,), configs[:1], TrainOptions()).trainers[0]
     )
-    fused, singles, metrics = _fused_and_single_runs(algorithm, [[hopper], [broken]], configs, 6)
+    fused, singles, metrics = _fused_and_single_runs(algorithm, [[data], [broken]], configs, 6)
     assert fused.frozen == [1]
-    assert torch.isnan(metrics["critic_loss"][1]) and torch.isfinite(metrics["critic_loss"][0])
+    loss = metrics["loss" if algorithm in DISCRETE else "critic_loss"]
+    assert torch.isnan(loss[1]) and torch.isfinite(loss[0])
     frozen = _parameters(fused.member(1))
     assert all(torch.equal(frozen[n], start[n]) for n in frozen)
     _assert_states_close(fused.member_state_dict(0), singles[0].state_dict())
@@ -282,17 +374,17 @@ def test_stack_batches_matches_stacking_numpy(hopper: Transitions) -> None:
     assert torch.equal(stacked.observations, TorchBatch.from_batch(stack_numpy(raw)).observations)
 
 
-@pytest.mark.parametrize("algorithm", ["td3bc", "cql"])
-def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path, algorithm: str) -> None:
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql", "bcq", "discrete_cql"])
+def test_resume_continues_every_member(data: Transitions, tmp_path: Path, algorithm: str) -> None:
     options = TrainOptions(steps=12, log_every=6, eval_every=0, checkpoint_every=6, seeds=(0, 1))
     whole = train_fused(
-        algorithm, [hopper], tmp_path / "whole", config=SMALL[algorithm], options=options
+        algorithm, [data], tmp_path / "whole", config=SMALL[algorithm], options=options
     )
     half = dataclasses.replace(options, steps=6)
-    train_fused(algorithm, [hopper], tmp_path / "parts", config=SMALL[algorithm], options=half)
+    train_fused(algorithm, [data], tmp_path / "parts", config=SMALL[algorithm], options=half)
     resumed = train_fused(
         algorithm,
-        [hopper],
+        [data],
         tmp_path / "parts",
         config=SMALL[algorithm],
         options=options,
@@ -308,8 +400,8 @@ def test_resume_continues_every_member(hopper: Transitions, tmp_path: Path, algo
 
 
 def test_fused_refuses_learners_and_options_it_cannot_train(hopper: Transitions) -> None:
-    with pytest.raises(ValueError, match="discrete_bcq does not train fused"):
-        train_fused("discrete_bcq", [hopper], "unused", options=TrainOptions(seeds=(0, 1)))
+    with pytest.raises(ValueError, match="sac does not train fused"):
+        train_fused("sac", [hopper], "unused", options=TrainOptions(seeds=(0, 1)))
     with pytest.raises(ValueError, match="--compile does not apply"):
         build_members("bc", [hopper], (0, 1), [{}] * 2, TrainOptions(compile=True))
     with pytest.raises(ValueError, match="train_fused"):
