@@ -197,6 +197,8 @@ class BCQ:
     """Continuous BCQ trainer: VAE, perturbation network, twin critics and their targets."""
 
     name = "bcq"
+    fuses_on_cpu = False
+    """``fuse_seeds: auto`` trains its seeds one per stage on a CPU (arithmetic-bound steps)."""
     fused_hyperparameters: tuple[str, ...] = (
         "actor_learning_rate",
         "critic_learning_rate",

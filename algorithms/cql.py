@@ -212,6 +212,8 @@ class CQL:
     """Continuous CQL trainer (SAC actor, ``n_critics`` critics in one :class:`CriticEnsemble`)."""
 
     name = "cql"
+    fuses_on_cpu = False
+    """``fuse_seeds: auto`` trains its seeds one per stage on a CPU (arithmetic-bound steps)."""
     fused_hyperparameters: tuple[str, ...] = (
         "actor_learning_rate",
         "critic_learning_rate",

@@ -70,9 +70,27 @@ class FusedResult:
 
 def fusable(algorithm: str) -> bool:
     """Whether learner ``algorithm`` trains fused (its trainer has ``fused_spec``)."""
+    return hasattr(_trainer_type(algorithm), "fused_spec")
+
+
+def fusing_pays(algorithm: str, device: torch.device) -> bool:
+    """Whether ``algorithm``'s seeds are best trained fused on ``device`` (``fuse_seeds: auto``).
+
+    On a GPU every fusable learner: one small seed leaves most of the device idle. On a CPU only
+    those whose trainer does not set ``fuses_on_cpu = False``: CQL and BCQ score many sampled
+    actions per step, so their steps are arithmetic-bound already, and the CPU's batched
+    multiplies (what ``vmap`` makes of K members' matmuls) are slower than K separate ones
+    (``bench_fused``'s records in docs/performance.md).
+    """
+    if not fusable(algorithm):
+        return False
+    return device.type != "cpu" or bool(getattr(_trainer_type(algorithm), "fuses_on_cpu", True))
+
+
+def _trainer_type(algorithm: str) -> type[Any]:
     spec = registry.ALGORITHMS[algorithm]
-    module = importlib.import_module(spec.module)
-    return hasattr(getattr(module, spec.trainer), "fused_spec")
+    trainer: type[Any] = getattr(importlib.import_module(spec.module), spec.trainer)
+    return trainer
 
 
 def member_configs(algorithm: str, config: Mapping[str, Any], members: int) -> list[dict[str, Any]]:

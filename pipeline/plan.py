@@ -20,7 +20,9 @@ keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``
 has the name of the first recipe that asked for it.
 
 **Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
-(:func:`offaug.algorithms.train_fused.fusable`) trains every seed of a (recipe, learner) in
+(:func:`offaug.algorithms.train_fused.fusable`; with ``auto``, one for which fusing pays on the
+training device, :func:`~offaug.algorithms.train_fused.fusing_pays`) trains every seed of a
+(recipe, learner) in
 one stage, ``fused:LEARNER-RECIPE`` (:func:`~offaug.pipeline.stages.train_offline_fused`),
 followed by one small stage per seed under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
 :func:`~offaug.pipeline.stages.member_model`) whose result is that seed's model: every later
@@ -191,8 +193,11 @@ class _Planner:
             return False  # drawn per batch by the single-seed loop only
         # Imported here: the learners' modules import torch, and the client that plans a run
         # imports this module before anything heavy (offaug run takes its lock first).
-        from offaug.algorithms.train_fused import fusable
+        from offaug.algorithms.base import choose_device
+        from offaug.algorithms.train_fused import fusable, fusing_pays
 
+        if train.fuse_seeds == "auto":
+            return fusing_pays(algorithm, choose_device(train.device))
         return fusable(algorithm)
 
     def fused(

@@ -271,12 +271,14 @@ class TrainModel(_Strict):
             " others train as without it)."
         ),
     )
-    fuse_seeds: bool = Field(
-        True,
+    fuse_seeds: bool | Literal["auto"] = Field(
+        "auto",
         description=(
             "With several seeds, train each learner's seeds together as one batched network in"
             " one stage (learners that cannot train fused get one stage per seed); false: one"
-            " stage per seed, spread over the cluster. The outputs are the same either way."
+            " stage per seed, spread over the cluster; auto: fused where it pays, i.e. every"
+            " fusable learner on a GPU and all but CQL and BCQ on a CPU (device: train.device,"
+            " else whether the planning machine has CUDA). The outputs are the same either way."
         ),
     )
 

@@ -201,8 +201,8 @@ def test_every_workflow_file_plans(tmp_path: Path) -> None:
 
 def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None:
     """td3bc's seeds train in one fused stage per recipe, each seed's model then its own stage
-    under the per-seed name; bcq (not fusable) and arms the fused trainer refuses keep one
-    training stage per seed."""
+    under the per-seed name; bcq (fused only where it pays: not on a CPU) and arms the fused
+    trainer refuses keep one training stage per seed."""
     sections: dict[str, Any] = dict(
         seeds=[0, 1],
         recipes={
@@ -211,7 +211,8 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
         },
         diagnostics={"enabled": False},
     )
-    plan = _plan(_workflow(train={"algorithms": ["td3bc", "bcq"]}, **sections), tmp_path)
+    cpu = {"algorithms": ["td3bc", "bcq"], "device": "cpu"}  # fuse_seeds: auto
+    plan = _plan(_workflow(train=cpu, **sections), tmp_path)
     fused = [n for n in plan.names if n.startswith("fused:")]
     assert fused == ["fused:td3bc-original", "fused:td3bc-augmented"]
     spec = plan.stages["fused:td3bc-augmented"]
@@ -222,7 +223,7 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     assert spec.aliases == ("train:td3bc-augmented", "train:td3bc-augmented@s1")
     assert plan.stages["train:td3bc-augmented@s1"].inputs == ("fused:td3bc-augmented",)
     assert plan.stages["train:td3bc-augmented@s1"].args[1] == 1
-    # Not fusable, or state noise: one training stage per seed, on that seed's rollout.
+    # Not fused on a CPU, or state noise: one training stage per seed, on that seed's rollout.
     for name in ("train:bcq-augmented@s1", "train:td3bc-noisy@s1", "train:bcq-noisy@s1"):
         assert plan.stages[name].inputs == ("source", "rollout@s1"), name
     runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
@@ -230,6 +231,10 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     assert runs[("td3bc", "augmented", 1)] == "train:td3bc-augmented@s1"
     assert runs[("td3bc", "original", 0)] == "train:td3bc-original"
 
+    for device, fuse_seeds in (("cpu", True), ("cuda", "auto")):
+        train = {"algorithms": ["td3bc", "bcq"], "device": device, "fuse_seeds": fuse_seeds}
+        forced = _plan(_workflow(train=train, **sections), tmp_path)
+        assert "fused:bcq-augmented" in forced.names, (device, fuse_seeds)
     train = {"algorithms": ["td3bc", "bcq"], "fuse_seeds": False}
     apart = _plan(_workflow(train=train, **sections), tmp_path)
     assert not any(n.startswith("fused:") for n in apart.names)
