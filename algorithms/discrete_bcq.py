@@ -33,15 +33,7 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch, index_tensor, to_tensor
 from offaug.algorithms.bcq import QReduction, reduce_ensemble
-from offaug.algorithms.fusing import (
-    TARGET_COPY,
-    FusedSpec,
-    Hyper,
-    OptimizerSpec,
-    Phase,
-    config_hyperparameters,
-    hard_copy_schedule,
-)
+from offaug.algorithms.fusing import FusedSpec, Hyper, config_hyperparameters, hard_copy_spec
 from offaug.algorithms.losses import td_target
 from offaug.algorithms.networks import MLP, EnsembleLinear, EnsembleMLP
 
@@ -245,15 +237,15 @@ class DiscreteBCQ:
     def fused_spec(self) -> FusedSpec:
         """The update as one phase whose target step is the hard copy (see
         :func:`~offaug.algorithms.fusing.hard_copy_schedule`)."""
-        return FusedSpec(
-            modules={"network": self.network, "target": self.target},
-            optimizers={"network": OptimizerSpec(self.optimizer, "network", "learning_rate")},
-            targets={"target": "network"},
-            phases=(Phase(self.loss, ("network",), targets=("target",)),),
-            hyperparameters=self.hyperparameters(),
-            metrics=("loss", "td_loss", "imitation_loss", "logit_penalty", "q_mean"),
-            schedule=hard_copy_schedule(self.copies_target),
-            tau=TARGET_COPY,
+        return hard_copy_spec(
+            ("network", "target"),
+            self.network,
+            self.target,
+            self.optimizer,
+            self.loss,
+            self.hyperparameters(),
+            ("loss", "td_loss", "imitation_loss", "logit_penalty", "q_mean"),
+            self.copies_target,
         )
 
     @torch.no_grad()

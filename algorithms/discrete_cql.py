@@ -29,15 +29,7 @@ from offaug.algorithms.base import (
     weighted_mean,
 )
 from offaug.algorithms.batch import TorchBatch, index_tensor, to_tensor
-from offaug.algorithms.fusing import (
-    TARGET_COPY,
-    FusedSpec,
-    Hyper,
-    OptimizerSpec,
-    Phase,
-    config_hyperparameters,
-    hard_copy_schedule,
-)
+from offaug.algorithms.fusing import FusedSpec, Hyper, config_hyperparameters, hard_copy_spec
 from offaug.algorithms.losses import td_target
 from offaug.algorithms.networks import DiscreteCriticEnsemble
 
@@ -167,15 +159,15 @@ class DiscreteCQL:
     def fused_spec(self) -> FusedSpec:
         """The update as one phase whose target step is the hard copy (see
         :func:`~offaug.algorithms.fusing.hard_copy_schedule`)."""
-        return FusedSpec(
-            modules={"critic": self.critic, "critic_target": self.critic_target},
-            optimizers={"critic": OptimizerSpec(self.optimizer, "critic", "learning_rate")},
-            targets={"critic_target": "critic"},
-            phases=(Phase(self.loss, ("critic",), targets=("critic_target",)),),
-            hyperparameters=self.hyperparameters(),
-            metrics=("loss", "td_loss", "conservative_loss", "q_data"),
-            schedule=hard_copy_schedule(self.copies_target),
-            tau=TARGET_COPY,
+        return hard_copy_spec(
+            ("critic", "critic_target"),
+            self.critic,
+            self.critic_target,
+            self.optimizer,
+            self.loss,
+            self.hyperparameters(),
+            ("loss", "td_loss", "conservative_loss", "q_data"),
+            self.copies_target,
         )
 
     @torch.no_grad()

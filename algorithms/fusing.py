@@ -142,3 +142,29 @@ def hard_copy_schedule(copies: Callable[[int], bool]) -> Callable[[int, Hyper], 
         return {TARGET_COPY: torch.full_like(gamma, rate) if torch.is_tensor(gamma) else rate}
 
     return schedule
+
+
+def hard_copy_spec(
+    modules: tuple[str, str],
+    network: nn.Module,
+    target: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss: PhaseLoss,
+    hyperparameters: Mapping[str, float],
+    metrics: tuple[str, ...],
+    copies: Callable[[int], bool],
+) -> FusedSpec:
+    """The spec of a learner with one trained network (``modules[0]``, stepped by ``optimizer``
+    on ``loss`` with learning rate ``learning_rate``) and a target (``modules[1]``) copied from it
+    on the steps where ``copies(step)``: DQN-style discrete learners."""
+    name, target_name = modules
+    return FusedSpec(
+        modules={name: network, target_name: target},
+        optimizers={name: OptimizerSpec(optimizer, name, "learning_rate")},
+        targets={target_name: name},
+        phases=(Phase(loss, (name,), targets=(target_name,)),),
+        hyperparameters=hyperparameters,
+        metrics=metrics,
+        schedule=hard_copy_schedule(copies),
+        tau=TARGET_COPY,
+    )
