@@ -335,15 +335,42 @@ def _records(
     sizes: Sizes,
 ) -> dict[str, Any]:
     scores = result["scores"]
-    plain = [scores[learner, PLAIN, s] for s in seeds]
-    comparisons = {
-        recipe: compare(plain, [scores[learner, recipe, s] for s in seeds]) for recipe in recipes
+    arms = {recipe: [scores[learner, recipe, s] for s in seeds] for recipe in recipes}
+    size = {
+        "dataset": name,
+        "transitions": result["transitions"],
+        "gradient_steps": _train_steps(name, sizes),
+        "hidden": list(HIDDEN),
+        "learner_config": DATASETS[name].configs.get(learner, {}),
+        "eval_episodes": sizes.eval_episodes,
+        "bc_steps": sizes.bc_steps,
+        "rollout_transitions": sizes.rollout_transitions,
     }
-    best = max(recipes, key=lambda r: comparisons[r].difference.value)
+    absolute = {
+        "plain": [scores[learner, PLAIN, s] for s in seeds],
+        "bc_normalised_scores": result["bc_scores"],
+        "data": result["data"],
+        "rollout_diagnostics": result["diagnostics"],
+    }
+    return _record(name, learner, seeds, arms, absolute, size)
+
+
+def _record(
+    name: str,
+    learner: str,
+    seeds: list[int],
+    arms: dict[str, list[float]],
+    absolute: dict[str, Any],
+    size: dict[str, Any],
+) -> dict[str, Any]:
+    """The record of one (dataset, learner): every recipe's per-seed scores against plain's."""
+    plain = absolute["plain"]
+    comparisons = {recipe: compare(plain, scores) for recipe, scores in arms.items()}
+    best = max(comparisons, key=lambda r: comparisons[r].difference.value)
     chosen = comparisons[best]
     per_recipe = {
         recipe: {
-            "per_seed": [scores[learner, recipe, s] for s in seeds],
+            "per_seed": arms[recipe],
             "iqm": c.arm.value,
             "difference": c.difference.value,
             "interval": [c.difference.low, c.difference.high],
@@ -368,23 +395,8 @@ def _records(
         "default_loses": bool(default is not None and default["interval"][1] < 0),
         "repeats": len(seeds),
         "seeds": seeds,
-        "size": {
-            "dataset": name,
-            "transitions": result["transitions"],
-            "gradient_steps": _train_steps(name, sizes),
-            "hidden": list(HIDDEN),
-            "learner_config": DATASETS[name].configs.get(learner, {}),
-            "eval_episodes": sizes.eval_episodes,
-            "bc_steps": sizes.bc_steps,
-            "rollout_transitions": sizes.rollout_transitions,
-        },
-        "absolute": {
-            "plain": plain,
-            "recipes": per_recipe,
-            "bc_normalised_scores": result["bc_scores"],
-            "data": result["data"],
-            "rollout_diagnostics": result["diagnostics"],
-        },
+        "size": size,
+        "absolute": {**absolute, "recipes": per_recipe},
         "notes": (
             "ratio = IQM(best recipe) - IQM(plain) in normalised points, interval = 95% "
             "stratified bootstrap CI of that difference, P(improvement) Mann-Whitney over "
@@ -392,6 +404,45 @@ def _records(
             "same evaluation start seeds for every arm."
         ),
     }
+
+
+def _extended(record: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with an earlier run's seeds of the same (dataset, learner) and sizes added:
+    the recipes both measured, every comparison recomputed over all seeds.
+
+    Raises:
+        ValueError: the sizes differ, the seeds overlap, or no recipe is common.
+    """
+    name = record["benchmark"]
+    if record["size"] != earlier["size"]:
+        raise ValueError(f"--extend: {name} was measured at other sizes: {earlier['size']}")
+    if set(record["seeds"]) & set(earlier["seeds"]):
+        raise ValueError(f"--extend: {name} has seeds {earlier['seeds']} already")
+    new, old = record["absolute"], earlier["absolute"]
+    common = [r for r in old["recipes"] if r in new["recipes"]]
+    if not common:
+        raise ValueError(f"--extend: {name} shares no recipe with the earlier record")
+
+    def joined(before: Any, after: Any) -> Any:
+        # Per-seed lists are joined; anything else (the data's score, a policy's name) is kept.
+        return before + after if isinstance(before, list) else before
+
+    diagnostics = {
+        r: {k: joined(v, new["rollout_diagnostics"][r][k]) for k, v in d.items()}
+        for r, d in old["rollout_diagnostics"].items()
+        if r in common
+    }
+    absolute = {
+        "plain": old["plain"] + new["plain"],
+        "bc_normalised_scores": old["bc_normalised_scores"] + new["bc_normalised_scores"],
+        "data": old["data"],
+        "rollout_diagnostics": diagnostics,
+    }
+    arms = {r: old["recipes"][r]["per_seed"] + new["recipes"][r]["per_seed"] for r in common}
+    dataset = record["size"]["dataset"]
+    learner = name.removeprefix(f"augmentation_{dataset}_")
+    seeds = earlier["seeds"] + record["seeds"]
+    return _record(dataset, learner, seeds, arms, absolute, record["size"])
 
 
 def _measure(
@@ -403,8 +454,10 @@ def _measure(
     sizes: Sizes,
     root: Path,
     reporter: Reporter,
+    earlier: dict[str, dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """Every dataset's grid on a LocalCluster of ``workers``; its records, emitted as they come."""
+    """Every dataset's grid on a LocalCluster of ``workers``; its records, emitted as they come
+    (each joined with ``earlier``'s record of the same name, see :func:`_extended`)."""
     from distributed import Client, LocalCluster
 
     from offaug.pipeline.workers import WorkerSetup
@@ -424,18 +477,16 @@ def _measure(
             log(f"{name}: {time.perf_counter() - started:.0f} s")
             for learner in learners:
                 record = _records(name, learner, recipes, seeds, result, sizes)
+                if record["benchmark"] in earlier:
+                    record = _extended(record, earlier[record["benchmark"]])
                 record["absolute"]["seconds"] = time.perf_counter() - started
                 reporter.emit(record)
                 records.append(record)
     return records
 
 
-def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> list[dict[str, Any]]:
-    """The per-dataset records in ``path`` of (dataset, learner) pairs this run does not
-    measure (any learner of a dataset not in ``measured``, the other learners of one that is);
-    the latest record of a pair wins."""
-    if path is None:
-        return []
+def _load_records(path: Path) -> list[dict[str, Any]]:
+    """The records of an earlier run's JSON lines (log lines skipped) or of ``results.json``."""
     import json
 
     text = path.read_text()
@@ -444,14 +495,27 @@ def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> li
         lines = loaded["results"] if isinstance(loaded, dict) else loaded
     except json.JSONDecodeError:
         lines = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
-    now = {f"augmentation_{d}_{learner}" for d in measured for learner in learners}
+    return [record for record in lines if isinstance(record, dict)]
+
+
+def _per_dataset(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The per-(dataset, learner) records by name; the latest record of a name wins."""
     found: dict[str, dict[str, Any]] = {}
-    for record in lines:
-        name = record.get("benchmark", "") if isinstance(record, dict) else ""
-        dataset = next((d for d in DATASETS if name.startswith(f"augmentation_{d}_")), None)
-        if dataset is not None and name not in now:
+    for record in records:
+        name = record.get("benchmark", "")
+        if any(name.startswith(f"augmentation_{d}_") for d in DATASETS):
             found[name] = record
-    return list(found.values())
+    return found
+
+
+def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> list[dict[str, Any]]:
+    """The per-dataset records in ``path`` of (dataset, learner) pairs this run does not
+    measure (any learner of a dataset not in ``measured``, the other learners of one that is);
+    the latest record of a pair wins."""
+    if path is None:
+        return []
+    now = {f"augmentation_{d}_{learner}" for d in measured for learner in learners}
+    return [r for name, r in _per_dataset(_load_records(path)).items() if name not in now]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,6 +533,15 @@ def main(argv: list[str] | None = None) -> int:
             "an earlier run's JSON lines (or benchmarks/results.json): its per-dataset records"
             " of (dataset, learner) pairs this run does not measure are emitted again and"
             " counted in the summary records, so a long run can be done in pieces"
+        ),
+    )
+    parser.add_argument(
+        "--extend",
+        type=Path,
+        help=(
+            "an earlier run's JSON lines (or benchmarks/results.json): each record this run"
+            " measures is joined with that file's record of the same dataset and learner"
+            " (same sizes, other seeds), its comparisons recomputed over all the seeds"
         ),
     )
     args = parser.parse_args(argv)
@@ -509,7 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     records = []
     if datasets:
-        records = _measure(args.workers, datasets, learners, recipes, seeds, sizes, root, reporter)
+        earlier = _per_dataset(_load_records(args.extend)) if args.extend else {}
+        records = _measure(
+            args.workers, datasets, learners, recipes, seeds, sizes, root, reporter, earlier
+        )
     for record in _reusable(args.reuse, datasets, learners):
         reporter.emit(record)
         records.append(record)

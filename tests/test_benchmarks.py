@@ -112,3 +112,43 @@ def test_augmentation_reuse_keeps_the_pairs_this_run_does_not_measure(tmp_path: 
     reused = bench_augmentation._reusable(saved, ["hopper-medium"], ["cql"])
     assert {r["benchmark"]: r["run"] for r in reused} == {names[1]: 2, names[2]: 1}
     assert bench_augmentation._reusable(None, [], ["cql"]) == []
+
+
+def test_augmentation_extend_joins_the_seeds_of_two_runs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_augmentation as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from offaug.pipeline.statistics import compare
+
+    size = {"dataset": "hopper-medium", "gradient_steps": 10}
+
+    def record(seeds: list[int], plain: list[float], arm: list[float]) -> dict[str, object]:
+        diagnostics = {"reset-0.1": {"rows": [10 * s for s in seeds], "rollout_policy": "bc"}}
+        absolute = {
+            "plain": plain,
+            "bc_normalised_scores": [float(s) for s in seeds],
+            "data": {"normalised_score": 19.7},
+            "rollout_diagnostics": diagnostics,
+        }
+        return bench._record(
+            "hopper-medium", "cql", seeds, {"reset-0.1": arm}, absolute, dict(size)
+        )
+
+    earlier = record([0, 1, 2], [1.0, 2.0, 3.0], [2.0, 3.0, 9.0])
+    later = record([3, 4], [4.0, 5.0], [6.0, 7.0])
+    joined = bench._extended(later, earlier)
+    assert joined["seeds"] == [0, 1, 2, 3, 4] and joined["repeats"] == 5
+    absolute = joined["absolute"]
+    assert absolute["plain"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert absolute["recipes"]["reset-0.1"]["per_seed"] == [2.0, 3.0, 9.0, 6.0, 7.0]
+    assert absolute["rollout_diagnostics"]["reset-0.1"]["rows"] == [0, 10, 20, 30, 40]
+    assert absolute["rollout_diagnostics"]["reset-0.1"]["rollout_policy"] == "bc"
+    expected = compare([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 9.0, 6.0, 7.0])
+    assert joined["ratio"] == expected.difference.value
+    assert joined["interval"] == [expected.difference.low, expected.difference.high]
+    with pytest.raises(ValueError, match="seeds"):
+        bench._extended(earlier, earlier)
+    with pytest.raises(ValueError, match="sizes"):
+        bench._extended({**later, "size": {**size, "gradient_steps": 20}}, earlier)
