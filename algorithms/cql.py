@@ -47,10 +47,15 @@ from offaug.algorithms.base import (
     frozen_copy,
     load_optimizer_state,
     soft_update,
-    weighted_mean,
 )
 from offaug.algorithms.batch import TorchBatch, to_tensor
 from offaug.algorithms.cql_fused import cql_fused_spec
+from offaug.algorithms.cql_losses import (
+    ALPHA_MAX,
+    alpha_loss,
+    conservative_gap,
+    conservative_penalty,
+)
 from offaug.algorithms.distributions import (
     ActionNormaliser,
     tanh_gaussian,
@@ -66,9 +71,6 @@ from offaug.algorithms.losses import (
     temperature_loss,
 )
 from offaug.algorithms.networks import CriticEnsemble, LearnedScalar, TanhGaussianActor
-
-ALPHA_MAX = 1e6
-"""Upper clip of the conservative weight ``exp(log_alpha)`` (d3rlpy and the authors' code)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,52 +138,6 @@ class CQLConfig:
         if self.max_q_backup:
             return "max"
         return "mean"
-
-
-# ----------------------------------------------------------------------------------------------
-# Pure losses. ``E`` critics, ``B`` transitions, ``S`` sampled actions per state. The TD,
-# actor and temperature losses are SAC's (offaug.algorithms.losses).
-
-
-def conservative_gap(
-    q_data: torch.Tensor, q_sampled: torch.Tensor, log_density: torch.Tensor
-) -> torch.Tensor:
-    """Per critic and state, ``log sum_a exp Q(s, a) - Q(s, a_data)``: ``(E, B)``.
-
-    ``q_sampled`` ``(E, S, B)`` scores actions drawn from proposals with log-densities
-    ``log_density`` ``(S, B)``; ``logsumexp(Q - log q)`` is the importance-sampled estimate.
-    """
-    return torch.logsumexp(q_sampled - log_density, dim=1) - q_data
-
-
-def conservative_penalty(
-    gap: torch.Tensor,
-    weights: torch.Tensor | None,
-    conservative_weight: float,
-    threshold: float,
-) -> torch.Tensor:
-    """``conservative_weight * (E_w[gap] - threshold)`` summed over the ``E`` critics.
-
-    The threshold only shifts the value (it matters to the Lagrange form, not to the critics).
-    """
-    critics = gap.shape[0]
-    return conservative_weight * (weighted_mean(gap.sum(0), weights) - critics * threshold)
-
-
-def alpha_loss(
-    log_alpha: torch.Tensor,
-    gap: torch.Tensor,
-    weights: torch.Tensor | None,
-    conservative_weight: float,
-    threshold: float,
-) -> torch.Tensor:
-    """Dual loss of the Lagrange form: ``-alpha * conservative_weight * (gap - threshold)``.
-
-    Averaged over critics; descending it raises alpha while the gap is above ``threshold``.
-    """
-    alpha = log_alpha.exp().clamp(0.0, ALPHA_MAX)
-    gap_mean = weighted_mean(gap.detach().mean(0), weights)
-    return -alpha * conservative_weight * (gap_mean - threshold)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,13 +19,8 @@ import torch
 from offaug.algorithms import registry
 from offaug.algorithms.base import Spaces, config_from_json, spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.cql import (
-    CQL,
-    CQLConfig,
-    alpha_loss,
-    conservative_gap,
-    conservative_penalty,
-)
+from offaug.algorithms.cql import CQL, CQLConfig
+from offaug.algorithms.cql_losses import alpha_loss, conservative_gap, conservative_penalty
 from offaug.algorithms.discrete_cql import (
     DiscreteCQL,
     DiscreteCQLConfig,
