@@ -75,6 +75,10 @@ class _Pool:
         self.weighted = use_weights and self._all_or_none("importance_weight")
         self.log_probs = log_probs
         self.has_log_probs = log_probs and self._all_or_none("rollout_log_prob")
+        # Each row's successor (its own index where it has none), found once rather than per
+        # batch: comparing the gathered rows' states every step cost ReBRAC a sizeable share
+        # of the sampler's time.
+        self.successors = [_successors(p) for p in self.parts] if next_actions else []
 
     def _all_or_none(self, column: str) -> bool:
         """Whether every part has ``column``; refuses a set where only some parts have it."""
@@ -85,30 +89,21 @@ class _Pool:
 
     def gather(self, index: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]]:
         if len(self.parts) == 1:
-            return self._gather_part(self.parts[0], index)
+            return self._gather_part(0, index)
         which = np.searchsorted(self.offsets, index, side="right") - 1
         pieces = [
-            self._gather_part(part, index[which == i] - self.offsets[i])
-            for i, part in enumerate(self.parts)
+            self._gather_part(i, index[which == i] - self.offsets[i])
+            for i in range(len(self.parts))
             if np.any(which == i)
         ]
         return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
 
-    def _gather_part(self, part: Transitions, index: npt.NDArray[np.int64]) -> dict[str, Any]:
+    def _gather_part(self, number: int, index: npt.NDArray[np.int64]) -> dict[str, Any]:
+        part = self.parts[number]
         out = {name: np.take(getattr(part, name), index, axis=0) for name in _BATCH_COLUMNS}
         if self.next_actions:
-            # Row i + 1 follows row i when it is in the same episode and starts where row i
-            # ends; an episode's last row has no successor and keeps its own action.
-            successor = np.minimum(index + 1, len(part) - 1)
-            starts = np.take(part.observations, successor, axis=0)
-            same = (
-                (successor != index)
-                & (np.take(part.episode_ids, successor) == np.take(part.episode_ids, index))
-                & np.all((starts == out["next_observations"]).reshape(len(index), -1), axis=1)
-            )
-            following = np.take(part.actions, successor, axis=0)
-            same = same.reshape(-1, *([1] * (following.ndim - 1)))
-            out["next_actions"] = np.where(same, following, out["actions"])
+            successor = np.take(self.successors[number], index)
+            out["next_actions"] = np.take(part.actions, successor, axis=0)
         if self.weighted:
             assert part.importance_weight is not None
             out["weights"] = np.take(part.importance_weight, index)
@@ -120,6 +115,24 @@ class _Pool:
         elif self.log_probs:
             out["rollout_log_prob"] = np.full(len(index), np.nan, dtype=np.float32)
         return out
+
+
+def _successors(part: Transitions) -> npt.NDArray[np.int64]:
+    """Row ``i + 1`` where it follows row ``i``, else ``i``: ``(N,)``.
+
+    Row i + 1 follows row i when it is in the same episode and starts where row i ends; an
+    episode's last row has no successor (its next dataset action is its own).
+    """
+    rows = np.arange(len(part))
+    following = np.zeros(len(part), dtype=bool)
+    if len(part) > 1:
+        observations = np.asarray(part.observations)
+        following[:-1] = (np.asarray(part.episode_ids)[1:] == np.asarray(part.episode_ids)[:-1]) & (
+            (observations[1:] == np.asarray(part.next_observations)[:-1])
+            .reshape(len(part) - 1, -1)
+            .all(axis=1)
+        )
+    return np.where(following, rows + 1, rows)
 
 
 def _as_parts(source: Transitions | ShardSet, verify: bool) -> list[Transitions]:

@@ -95,18 +95,44 @@ def test_critics_carry_layer_norm_and_the_edac_initialisation(hopper: Transition
 
 def test_ensemble_layer_norm_normalises_each_member_with_its_own_affine() -> None:
     torch.manual_seed(0)
-    mlp = EnsembleMLP(2, 3, (8,), 1, layer_norm=True)
+    mlp = EnsembleMLP(2, 3, (8, 8), 1, layer_norm=True)
     assert mlp.norms is not None
     with torch.no_grad():
-        mlp.norms[0].weight[1].fill_(2.0)
+        for norm in mlp.norms:
+            norm.weight.uniform_(0.5, 2.0)
+            norm.bias.uniform_(-0.5, 0.5)
     x = torch.randn(5, 3)
-    hidden = torch.baddbmm(mlp.layers[0].bias, x.expand(2, -1, -1), mlp.layers[0].weight).relu()
-    expected = torch.nn.functional.layer_norm(hidden, (8,))
-    expected = expected * mlp.norms[0].weight + mlp.norms[0].bias
-    out = torch.baddbmm(mlp.layers[1].bias, expected, mlp.layers[1].weight)
+
+    def reference() -> torch.Tensor:
+        # Member by member, LayerNorm with its own affine after every hidden ReLU.
+        assert mlp.norms is not None
+        hidden = x.expand(2, -1, -1)
+        for i, layer in enumerate(mlp.layers):
+            hidden = torch.baddbmm(layer.bias, hidden, layer.weight)
+            if i < len(mlp.norms):
+                hidden = torch.stack(
+                    [
+                        torch.nn.functional.layer_norm(
+                            h.relu(), (8,), mlp.norms[i].weight[m, 0], mlp.norms[i].bias[m, 0]
+                        )
+                        for m, h in enumerate(hidden)
+                    ]
+                )
+        return hidden
+
+    out = reference()
     torch.testing.assert_close(mlp(x), out)
+    # The folded affine's gradients are the per-member LayerNorm's.
+    upstream = torch.randn_like(out)
+    expected = torch.autograd.grad((out * upstream).sum(), list(mlp.parameters()))
+    actual = torch.autograd.grad((mlp(x) * upstream).sum(), list(mlp.parameters()))
+    for want, got in zip(expected, actual, strict=True):
+        torch.testing.assert_close(got, want)
     # One member alone (TD3+BC's actor scores with Q_1) is that member of the batched pass.
     torch.testing.assert_close(mlp.member(1, x), out[1])
+    # The module on its own applies the same per-member LayerNorm.
+    norm, rows = mlp.norms[0], torch.randn(2, 5, 8)
+    torch.testing.assert_close(norm(rows), torch.stack([norm.member(m, rows[m]) for m in range(2)]))
     critic = CriticEnsemble(3, 2, (8,), 2, layer_norm=True)
     obs, act = torch.randn(5, 3), torch.randn(5, 2)
     torch.testing.assert_close(critic.member(0, obs, act), critic(obs, act)[0])
