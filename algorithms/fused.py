@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from offaug.algorithms.base import Trainer
 from offaug.algorithms.batch import TorchBatch
@@ -158,6 +159,10 @@ class FusedTrainer:
         generators: Each member's torch generator, continuing the stream its single-seed run
             draws noise from (see :func:`member_generator`).
         seeds: Each member's seed, to name frozen members by.
+        looped: Run the members' losses one after another instead of under ``vmap`` (the
+            parameters, the backward pass and the optimiser steps stay fused). None: on the CPU
+            for learners that set ``fuses_on_cpu = False`` (CQL, BCQ), whose multiplies are
+            large enough that K plain ones beat the batched one ``vmap`` makes of them.
     """
 
     def __init__(
@@ -165,6 +170,8 @@ class FusedTrainer:
         trainers: Sequence[Trainer],
         generators: Sequence[torch.Generator],
         seeds: Sequence[int],
+        *,
+        looped: bool | None = None,
     ) -> None:
         if not trainers or len({len(trainers), len(generators), len(seeds)}) != 1:
             raise ValueError("one generator and one seed per trainer, at least one trainer")
@@ -176,6 +183,9 @@ class FusedTrainer:
         self.spec = spec = specs[0]
         self.device: torch.device = getattr(trainers[0], "device", torch.device("cpu"))
         device = self.device
+        if looped is None:
+            looped = device.type == "cpu" and not getattr(trainers[0], "fuses_on_cpu", True)
+        self.looped = looped
         parametrised = {*spec.targets, *(o.module for o in spec.optimizers.values())}
         self.flats = {
             name: _Flat([s.modules[name] for s in specs], device) for name in sorted(parametrised)
@@ -240,9 +250,7 @@ class FusedTrainer:
         for phase, tensors in zip(self.spec.phases, self._inputs, strict=True):
             if self.steps < phase.start or self.steps % phase.every:
                 continue
-            loss, phase_metrics = vmap(self._member_loss(phase), randomness="error")(
-                tensors, fields, noise, hyper
-            )
+            loss, phase_metrics = self._losses(phase, tensors, fields, noise, hyper)
             metrics.update(phase_metrics)
             self.active = self.active & torch.isfinite(loss)
             self._step(phase, tensors, loss, hyper)
@@ -251,6 +259,29 @@ class FusedTrainer:
         self.member_steps += self.active
         self.steps += 1
         return {name: metrics[name] for name in self.spec.metrics}
+
+    def _losses(
+        self,
+        phase: Phase,
+        tensors: dict[str, torch.Tensor],
+        fields: dict[str, torch.Tensor],
+        noise: Any,
+        hyper: Any,
+    ) -> Any:
+        """Every member's loss and metrics, stacked: ``(K,)`` each."""
+        member_loss = self._member_loss(phase)
+        if not self.looped:
+            return vmap(member_loss, randomness="error")(tensors, fields, noise, hyper)
+        # Each member's slice of every input (unbind's backward is one stack per leaf), its
+        # loss as a single-seed run computes it, then the outputs stacked as vmap stacks them.
+        leaves, layout = tree_flatten((tensors, fields, noise, hyper))
+        slices = [leaf.unbind(0) for leaf in leaves]
+        outputs = [
+            tree_flatten(member_loss(*tree_unflatten([s[k] for s in slices], layout)))
+            for k in range(self.members)
+        ]
+        stacked = [torch.stack(parts) for parts in zip(*(o[0] for o in outputs), strict=True)]
+        return tree_unflatten(stacked, outputs[0][1])
 
     def _member_loss(self, phase: Phase) -> Any:
         def member(

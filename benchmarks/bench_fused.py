@@ -8,7 +8,9 @@ stacked, one fused update: ``K x steps / time``) against K sequential single-see
 against d3rlpy 2.8 on the same data in the same process. All sides are interleaved blocks on
 one CPU thread, median of repeats. Each record carries the matmul floor of the K-member update
 (the update's ``mm/addmm/bmm/baddbmm`` shapes run back to back, ``_common.plain_matmuls``)
-as a per-seed rate, and the fused rate's share of it.
+as a per-seed rate, and the fused rate's share of it. On the CPU CQL and BCQ loop their members'
+losses (``FusedTrainer.looped``: K plain multiplies beat vmap's batched one at their sizes);
+their K = 5 records also carry the vmapped rate (``vmapped_steps_per_s_per_seed``).
 
 Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x, CQL and BCQ
 1.3x (they score thousands of sampled actions a step, so their single runs are closer to the
@@ -51,7 +53,15 @@ SAMPLING = {"cql", "bcq"}
 GOAL_MEMBERS = 5
 
 
-def _fused(name: str, hidden: int, batch: int, spaces: Any, data: Any, members: int) -> Any:
+def _fused(
+    name: str,
+    hidden: int,
+    batch: int,
+    spaces: Any,
+    data: Any,
+    members: int,
+    looped: bool | None = None,
+) -> Any:
     import torch
 
     from offaug.algorithms.base import seed_everything
@@ -65,7 +75,7 @@ def _fused(name: str, hidden: int, batch: int, spaces: Any, data: Any, members: 
         samplers.append(make_sampler(trainer, [data], seed=seed))
         trainers.append(trainer)
         generators.append(member_generator(seed, torch.device("cpu")))
-    return FusedTrainer(trainers, generators, list(range(members))), samplers
+    return FusedTrainer(trainers, generators, list(range(members)), looped=looped), samplers
 
 
 def _fused_block(fused: Any, samplers: list[Any], steps: int) -> float:
@@ -119,6 +129,11 @@ def _measure(
         "d3rlpy": lambda: d3rlpy_update_block(algo, dataset, batch, steps),
         **{f"fused_{k}": (lambda k=k: _fused_block(*fused[k], steps)) for k in members},
     }
+    if name in SAMPLING:
+        # The CPU loops these learners' member losses (FusedTrainer.looped); vmap's batched
+        # multiplies at the goal's K, for comparison.
+        vmapped = _fused(name, hidden, batch, spaces, data, GOAL_MEMBERS, looped=False)
+        sides["vmapped"] = lambda: _fused_block(*vmapped, steps)
     for side in sides.values():
         side()  # warm up
     times = interleave_many(sides, repeats)
@@ -140,6 +155,16 @@ def _measure(
                 "size": {"hidden": [hidden, hidden], "batch_size": batch, "members": k},
                 "notes": "one CPU thread; interleaved blocks; median of repeats",
                 "absolute": {
+                    "looped_member_losses": fused[k][0].looped,
+                    **(
+                        {
+                            "vmapped_steps_per_s_per_seed": k
+                            * steps
+                            / statistics.median(times["vmapped"])
+                        }
+                        if "vmapped" in times and k == GOAL_MEMBERS
+                        else {}
+                    ),
                     "d3rlpy_steps_per_s": d3rlpy_rate,
                     "ratio_to_d3rlpy": rate / d3rlpy_rate,
                     "matmul_floor_steps_per_s_per_seed": floor,

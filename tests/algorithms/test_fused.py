@@ -201,14 +201,18 @@ def test_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> N
 
 
 def _fused_and_single_runs(
-    algorithm: str, sources: list[list[Transitions]], configs: list[dict[str, Any]], steps: int
+    algorithm: str,
+    sources: list[list[Transitions]],
+    configs: list[dict[str, Any]],
+    steps: int,
+    looped: bool | None = None,
 ) -> tuple[FusedTrainer, list[Trainer], dict[str, torch.Tensor]]:
     """``steps`` fused updates of one member per (sources, config), seeds 0, 1, ..., and each
     member's single-seed run on the same batches (each run built right before it trains, so
     it draws its noise from the global generator as ``train`` would); the last fused metrics."""
     seeds = tuple(range(len(configs)))
     built = build_members(algorithm, sources, seeds, configs, TrainOptions())
-    fused = FusedTrainer(built.trainers, built.generators, seeds)
+    fused = FusedTrainer(built.trainers, built.generators, seeds, looped=looped)
     batches = [[s.sample() for s in built.samplers] for _ in range(steps)]
     metrics: dict[str, torch.Tensor] = {}
     for step in batches:
@@ -237,6 +241,23 @@ def test_cql_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[s
     configs = member_configs("cql", {**SMALL["cql"], **overrides}, 2)
     fused, singles, _ = _fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
     assert fused.frozen == []
+    for k, single in enumerate(singles):
+        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["vmap", "looped"])
+@pytest.mark.parametrize("algorithm", ["td3bc", "cql", "bcq"])
+def test_looped_and_vmapped_losses_both_match_single_runs(
+    hopper: Transitions, algorithm: str, looped: bool
+) -> None:
+    """The CPU's looped member losses (CQL's and BCQ's default there) and vmap's (the default
+    elsewhere) train each member as its single-seed run, with one fused backward and Adam."""
+    configs = member_configs(algorithm, SMALL[algorithm], 2)
+    fused, singles, metrics = _fused_and_single_runs(
+        algorithm, [[hopper]] * 2, configs, 20, looped=looped
+    )
+    assert fused.looped is looped and fused.frozen == []
+    assert all(value.shape == (2,) for value in metrics.values())
     for k, single in enumerate(singles):
         _assert_states_close(fused.member_state_dict(k), single.state_dict())
 
