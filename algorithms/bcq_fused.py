@@ -18,6 +18,7 @@ allocates its activations instead of writing into the trainer's reused buffers, 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from offaug.algorithms.fusing import FusedSpec, OptimizerSpec, Phase
@@ -51,11 +52,14 @@ def bcq_fused_spec(trainer: BCQ) -> FusedSpec:
         phases=(
             Phase(trainer.imitation_loss, ("vae",)),
             # Unbuffered (critic_loss's default): the candidate pass allocates, as vmap needs.
+            # Looped members share the trainer's buffers: the pass runs without gradients and
+            # its values are copied out before the next member's pass.
             Phase(
                 trainer.critic_loss,
                 ("critic",),
                 start=cfg.rl_start_step,
                 targets=("critic_target",),
+                looped_loss=functools.partial(trainer.critic_loss, buffered=True),
             ),
             Phase(
                 trainer.policy_loss,

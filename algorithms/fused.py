@@ -21,6 +21,7 @@ run to float32 rounding, not bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -269,9 +270,12 @@ class FusedTrainer:
         hyper: Any,
     ) -> Any:
         """Every member's loss and metrics, stacked: ``(K,)`` each."""
-        member_loss = self._member_loss(phase)
         if not self.looped:
+            member_loss = self._member_loss(phase)
             return vmap(member_loss, randomness="error")(tensors, fields, noise, hyper)
+        if phase.looped_loss is not None:
+            phase = dataclasses.replace(phase, loss=phase.looped_loss)
+        member_loss = self._member_loss(phase)
         # Each member's slice of every input (unbind's backward is one stack per leaf), its
         # loss as a single-seed run computes it, then the outputs stacked as vmap stacks them.
         leaves, layout = tree_flatten((tensors, fields, noise, hyper))

@@ -82,6 +82,9 @@ class Phase:
     """... and ``s >= start`` (a phase that waits for another's warm start)."""
     targets: tuple[str, ...] = ()
     """Target modules (keys of :attr:`FusedSpec.targets`) averaged towards their sources after."""
+    looped_loss: PhaseLoss | None = None
+    """The same loss for members run one after another (``FusedTrainer.looped``), where it may
+    reuse buffers between members that ``vmap`` cannot; None: :attr:`loss`."""
 
 
 @dataclasses.dataclass(frozen=True)
