@@ -206,24 +206,31 @@ def _d3rlpy_score(name: str, data: Any, steps: int, seed: int, episodes: int) ->
     )
 
 
-def _rebrac_overrides(env_id: str) -> dict[str, Any]:
-    actor, critic = REBRAC_PENALTIES.get(env_id, (0.01, 0.01))
+def _penalties(actor: float, critic: float) -> dict[str, Any]:
     return {"actor_bc_coef": actor, "critic_bc_coef": critic}
+
+
+def _rebrac_overrides(env_id: str) -> dict[str, Any]:
+    from offaug.algorithms.rebrac import DEFAULT_BC_COEF
+
+    return _penalties(*REBRAC_PENALTIES.get(env_id, (DEFAULT_BC_COEF, DEFAULT_BC_COEF)))
 
 
 def _tune_rebrac(env_id: str, data: Any, steps: int, episodes: int) -> dict[str, Any]:
     """Every grid pair's mean score over the tuning seeds, and the best pair."""
+    from offaug.algorithms.rebrac import DEFAULT_BC_COEF
+
     scores: dict[str, list[float]] = {}
     for actor, critic in REBRAC_GRID:
-        overrides = {"actor_bc_coef": actor, "critic_bc_coef": critic}
-        scores[f"{actor}/{critic}"] = [
-            _offaug_score("rebrac", data, steps, seed, episodes, overrides)
+        pair = f"{actor}/{critic}"
+        scores[pair] = [
+            _offaug_score("rebrac", data, steps, seed, episodes, _penalties(actor, critic))
             for seed in REBRAC_TUNING_SEEDS
         ]
-        log(f"rebrac {env_id} {actor}/{critic}: {scores[f'{actor}/{critic}']}")
+        log(f"rebrac {env_id} {pair}: {scores[pair]}")
     means = {pair: statistics.mean(v) for pair, v in scores.items()}
     best = max(means, key=means.__getitem__)
-    default = means.get("0.01/0.01")
+    default = means.get(f"{DEFAULT_BC_COEF}/{DEFAULT_BC_COEF}")
     return {
         "benchmark": f"learning_rebrac_tuning_{env_id}",
         "unit": "normalised score (points)",
