@@ -104,6 +104,19 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"start": "reset", "noise": "gaussian:0.1", "filter": "data", "policy": "td3bc"},
         {},
     ),
+    # The same with three times the rollout budget: on the expert set the filter kept 779-4,439
+    # of TD3+BC's 10,000 rollout rows (a twelfth to under half the data's 10,034), so the
+    # augmented half of every batch repeats few episodes (docs/performance.md).
+    "td3bc-reset-0.1-30k": (
+        {
+            "start": "reset",
+            "noise": "gaussian:0.1",
+            "filter": "data",
+            "policy": "td3bc",
+            "rollout_transitions": 30_000,
+        },
+        {},
+    ),
     "branch-h50": (
         {"start": "dataset", "horizon": 50, "noise": "gaussian:0.1", "filter": "data"},
         {},
@@ -159,9 +172,12 @@ def _source(name: str) -> DatasetRef:
 
 
 def _rollout_model(overrides: dict[str, Any], data: DatasetRef, sizes: Sizes) -> RolloutModel:
+    # A recipe's own rollout budget (benchmark-only: the workflow sets episodes directly).
+    overrides = dict(overrides)
+    transitions = int(overrides.pop("rollout_transitions", sizes.rollout_transitions))
     horizon = overrides.get("horizon")
     mean_length = max(1, data.rows // max(1, data.episodes))
-    episodes = max(2, sizes.rollout_transitions // (horizon or mean_length))
+    episodes = max(2, transitions // (horizon or mean_length))
     dynamics = {"members": 5, "hidden": (200, 200), "steps": sizes.dynamics_steps}
     return RolloutModel.model_validate(
         {"episodes": episodes, "tasks": 1, "n_envs": 8, "dynamics": dynamics, **overrides}
@@ -307,6 +323,9 @@ def _run_dataset(
             "filter": [(r.metrics or {}).get("filter") for r in refs],
             # The rollout policy's own greedy score, to set beside the data's.
             "rollout_policy": policy,
+            "rollout_transitions": RECIPES[recipe][0].get(
+                "rollout_transitions", sizes.rollout_transitions
+            ),
             "rollout_policy_score": [
                 (bc_refs[s].metrics.get("eval") or {}).get("normalised_score")
                 if policy == "bc"
@@ -445,6 +464,47 @@ def _extended(record: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]
     return _record(dataset, learner, seeds, arms, absolute, record["size"])
 
 
+def _join(record: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the recipes an earlier run measured on the same seeds and sizes that
+    this run did not: the seeds train the same plain runs, so plain's per-seed scores must
+    agree (a check that both runs trained alike), and every comparison is recomputed.
+
+    Raises:
+        ValueError: the sizes or seeds differ, or plain's scores do not agree.
+    """
+    name = record["benchmark"]
+    if record["size"] != earlier["size"] or record["seeds"] != earlier["seeds"]:
+        raise ValueError(
+            f"--join: {name} was measured at other sizes or seeds:"
+            f" {earlier['size']}, seeds {earlier['seeds']}"
+        )
+    new, old = record["absolute"], earlier["absolute"]
+    mismatched = [
+        seed
+        for seed, a, b in zip(record["seeds"], new["plain"], old["plain"], strict=True)
+        if abs(a - b) > 1e-6 * max(1.0, abs(b))
+    ]
+    if mismatched:
+        raise ValueError(
+            f"--join: {name}: plain scores differ from the earlier run's on seeds {mismatched}"
+            f" ({new['plain']} against {old['plain']}); the runs did not train alike"
+        )
+    added = [r for r in old["recipes"] if r not in new["recipes"]]
+    arms = {r: new["recipes"][r]["per_seed"] for r in new["recipes"]}
+    arms.update({r: old["recipes"][r]["per_seed"] for r in added})
+    diagnostics = dict(new["rollout_diagnostics"])
+    diagnostics.update(
+        {r: old["rollout_diagnostics"][r] for r in added if r in old["rollout_diagnostics"]}
+    )
+    absolute = {
+        **{k: v for k, v in new.items() if k != "recipes"},
+        "rollout_diagnostics": diagnostics,
+    }
+    dataset = record["size"]["dataset"]
+    learner = name.removeprefix(f"augmentation_{dataset}_")
+    return _record(dataset, learner, record["seeds"], arms, absolute, record["size"])
+
+
 def _measure(
     workers: int,
     datasets: list[str],
@@ -455,9 +515,11 @@ def _measure(
     root: Path,
     reporter: Reporter,
     earlier: dict[str, dict[str, Any]],
+    joining: dict[str, dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """Every dataset's grid on a LocalCluster of ``workers``; its records, emitted as they come
-    (each joined with ``earlier``'s record of the same name, see :func:`_extended`)."""
+    (each joined with ``earlier``'s record of the same name, see :func:`_extended`, and with
+    ``joining``'s, see :func:`_join`)."""
     from distributed import Client, LocalCluster
 
     from offaug.pipeline.workers import WorkerSetup
@@ -477,6 +539,8 @@ def _measure(
             log(f"{name}: {time.perf_counter() - started:.0f} s")
             for learner in learners:
                 record = _records(name, learner, recipes, seeds, result, sizes)
+                if record["benchmark"] in joining:
+                    record = _join(record, joining[record["benchmark"]])
                 if record["benchmark"] in earlier:
                     record = _extended(record, earlier[record["benchmark"]])
                 record["absolute"]["seconds"] = time.perf_counter() - started
@@ -544,6 +608,16 @@ def main(argv: list[str] | None = None) -> int:
             " (same sizes, other seeds), its comparisons recomputed over all the seeds"
         ),
     )
+    parser.add_argument(
+        "--join",
+        type=Path,
+        help=(
+            "an earlier run's JSON lines (or benchmarks/results.json): each record this run"
+            " measures takes that file's record of the same dataset, learner, sizes and seeds"
+            " for the recipes this run does not measure (plain is rerun and must agree), so a"
+            " new recipe joins a finished comparison without retraining the others"
+        ),
+    )
     args = parser.parse_args(argv)
     out = protect_stdout()
     reporter = Reporter(out)
@@ -583,8 +657,18 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     if datasets:
         earlier = _per_dataset(_load_records(args.extend)) if args.extend else {}
+        joining = _per_dataset(_load_records(args.join)) if args.join else {}
         records = _measure(
-            args.workers, datasets, learners, recipes, seeds, sizes, root, reporter, earlier
+            args.workers,
+            datasets,
+            learners,
+            recipes,
+            seeds,
+            sizes,
+            root,
+            reporter,
+            earlier,
+            joining,
         )
     for record in _reusable(args.reuse, datasets, learners):
         reporter.emit(record)

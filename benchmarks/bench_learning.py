@@ -15,8 +15,9 @@ at equal gradient steps (its own defaults, its three hidden layers at the same w
 penalties, which the paper tunes per dataset, chosen per environment by ``--tune-rebrac`` on
 seeds apart from the records'): the goal is ``ratio >= -2``.
 
-Usage: ``python benchmarks/bench_learning.py [--quick] [--envs Hopper-v5,...] [--tune-rebrac]``;
-JSON lines on stdout. ``--quick`` skips Hopper (its dataset alone takes minutes of SAC).
+Usage: ``python benchmarks/bench_learning.py [--quick] [--envs Hopper-v5,...]
+[--tune-rebrac [--reuse-tuning FILE]]``; JSON lines on stdout. ``--quick`` skips Hopper (its
+dataset alone takes minutes of SAC).
 """
 
 from __future__ import annotations
@@ -34,17 +35,25 @@ from _common import DATA_DIR, Reporter, log, protect_stdout
 
 HIDDEN = (64, 64)
 REBRAC_HIDDEN = (64, 64, 64)  # ReBRAC's deeper networks at the same width
-REBRAC_GRID = [(a, c) for a in (0.01, 0.1, 0.4) for c in (0.01, 0.1)]
-"""(actor, critic) penalties ``--tune-rebrac`` tries: the paper tunes both per dataset."""
+REBRAC_GRID: list[tuple[float, float, bool]] = [
+    *((a, c, False) for a in (0.01, 0.1, 0.4) for c in (0.01, 0.1)),
+    # Past the first grid's edge (Hopper chose its largest actor penalty, 0.4), and with the
+    # dataset's observation statistics as TD3+BC uses them (ReBRAC's default is off).
+    (1.0, 0.01, False),
+    (1.0, 0.1, False),
+    *((a, c, True) for a, c in ((0.1, 0.1), (0.4, 0.01), (0.4, 0.1), (1.0, 0.1))),
+]
+"""(actor penalty, critic penalty, normalise observations) ``--tune-rebrac`` tries: the paper
+tunes both penalties per dataset."""
 REBRAC_TUNING_SEEDS = [100, 101]
 """Seeds the penalties are chosen on, apart from the seeds the records report."""
-REBRAC_PENALTIES: dict[str, tuple[float, float]] = {
-    "Pendulum-v1": (0.1, 0.1),
-    "Hopper-v5": (0.4, 0.1),
+REBRAC_CHOICE: dict[str, tuple[float, float, bool]] = {
+    "Pendulum-v1": (0.1, 0.1, False),
+    "Hopper-v5": (0.4, 0.1, False),
 }
-"""Per environment, the (actor, critic) penalties ``--tune-rebrac`` chose (its record,
+"""Per environment, the grid point ``--tune-rebrac`` chose (its record,
 ``learning_rebrac_tuning_<env>``, in benchmarks/RESULTS.md); others keep ReBRAC's defaults
-(hopper-medium's 0.01 / 0.01)."""
+(hopper-medium's 0.01 / 0.01, observations as they are)."""
 # SAC's environment steps for the Hopper-v5 levels: its "expert" is the policy after these
 # steps, the medium one the first at a third of the way there (390 s of SAC here).
 HOPPER_SAC_STEPS = 100_000
@@ -206,31 +215,67 @@ def _d3rlpy_score(name: str, data: Any, steps: int, seed: int, episodes: int) ->
     )
 
 
-def _penalties(actor: float, critic: float) -> dict[str, Any]:
-    return {"actor_bc_coef": actor, "critic_bc_coef": critic}
+def _grid_key(actor: float, critic: float, normalise: bool) -> str:
+    return f"{actor}/{critic}" + ("/normalised" if normalise else "")
+
+
+def _penalties(actor: float, critic: float, normalise: bool = False) -> dict[str, Any]:
+    return {
+        "actor_bc_coef": actor,
+        "critic_bc_coef": critic,
+        "normalise_observations": normalise,
+    }
 
 
 def _rebrac_overrides(env_id: str) -> dict[str, Any]:
     from offaug.algorithms.rebrac import DEFAULT_BC_COEF
 
-    return _penalties(*REBRAC_PENALTIES.get(env_id, (DEFAULT_BC_COEF, DEFAULT_BC_COEF)))
+    return _penalties(*REBRAC_CHOICE.get(env_id, (DEFAULT_BC_COEF, DEFAULT_BC_COEF, False)))
 
 
-def _tune_rebrac(env_id: str, data: Any, steps: int, episodes: int) -> dict[str, Any]:
-    """Every grid pair's mean score over the tuning seeds, and the best pair."""
+def _earlier_tuning(path: Path | None, env_id: str, steps: int, episodes: int) -> dict[str, Any]:
+    """The per-seed scores of an earlier ``learning_rebrac_tuning_<env_id>`` record in ``path``
+    (JSON lines or results.json) at the same steps, episodes and seeds; {} if none."""
+    if path is None:
+        return {}
+    import json
+
+    text = path.read_text()
+    try:
+        loaded = json.loads(text)
+        records = loaded["results"] if isinstance(loaded, dict) else loaded
+    except json.JSONDecodeError:
+        records = [json.loads(x) for x in text.splitlines() if x.strip().startswith("{")]
+    size = {"env": env_id, "gradient_steps": steps, "eval_episodes": episodes}
+    found: dict[str, Any] = {}
+    for record in records:
+        if (
+            record.get("benchmark") == f"learning_rebrac_tuning_{env_id}"
+            and record.get("size") == size
+            and record.get("seeds") == REBRAC_TUNING_SEEDS
+        ):
+            found = dict(record["per_seed"])
+    return found
+
+
+def _tune_rebrac(
+    env_id: str, data: Any, steps: int, episodes: int, earlier: dict[str, Any]
+) -> dict[str, Any]:
+    """Every grid point's mean score over the tuning seeds, and the best point; points in
+    ``earlier`` (an earlier run's per-seed scores on the same seeds) are not trained again."""
     from offaug.algorithms.rebrac import DEFAULT_BC_COEF
 
     scores: dict[str, list[float]] = {}
-    for actor, critic in REBRAC_GRID:
-        pair = f"{actor}/{critic}"
-        scores[pair] = [
-            _offaug_score("rebrac", data, steps, seed, episodes, _penalties(actor, critic))
+    for point in REBRAC_GRID:
+        key = _grid_key(*point)
+        scores[key] = earlier.get(key) or [
+            _offaug_score("rebrac", data, steps, seed, episodes, _penalties(*point))
             for seed in REBRAC_TUNING_SEEDS
         ]
-        log(f"rebrac {env_id} {pair}: {scores[pair]}")
-    means = {pair: statistics.mean(v) for pair, v in scores.items()}
+        log(f"rebrac {env_id} {key}: {scores[key]}" + (" (earlier run)" if key in earlier else ""))
+    means = {key: statistics.mean(v) for key, v in scores.items()}
     best = max(means, key=means.__getitem__)
-    default = means.get(f"{DEFAULT_BC_COEF}/{DEFAULT_BC_COEF}")
+    default = means.get(_grid_key(DEFAULT_BC_COEF, DEFAULT_BC_COEF, False))
     return {
         "benchmark": f"learning_rebrac_tuning_{env_id}",
         "unit": "normalised score (points)",
@@ -244,9 +289,11 @@ def _tune_rebrac(env_id: str, data: Any, steps: int, episodes: int) -> dict[str,
         "seeds": REBRAC_TUNING_SEEDS,
         "per_seed": scores,
         "best": best,
+        "reused": sorted(k for k in scores if k in earlier),
         "notes": (
-            "actor/critic penalties chosen on seeds apart from the records' (set the best in "
-            "REBRAC_PENALTIES); not a comparison, no goal"
+            "actor/critic penalties (and /normalised: the dataset's observation statistics) "
+            "chosen on seeds apart from the records' (set the best in REBRAC_CHOICE); not a "
+            "comparison, no goal"
         ),
     }
 
@@ -276,7 +323,7 @@ def _rebrac_record(
             "level": level,
             "gradient_steps": steps,
             "hidden": {"rebrac": list(REBRAC_HIDDEN), "td3bc": list(HIDDEN)},
-            "rebrac_penalties": _rebrac_overrides(env_id),
+            "rebrac_overrides": _rebrac_overrides(env_id),
             "transitions": transitions,
             "eval_episodes": episodes,
         },
@@ -284,8 +331,9 @@ def _rebrac_record(
         "per_seed": {"rebrac": rebrac, "td3bc": td3bc},
         "notes": (
             "ratio = ReBRAC mean score - TD3+BC mean score (points); goal: >= -2. Each with its "
-            "own defaults (ReBRAC: batch 1024, LayerNorm critics), ReBRAC's penalties as "
-            "chosen on other seeds (learning_rebrac_tuning_<env>) or its 0.01 / 0.01."
+            "own defaults (ReBRAC: batch 1024, LayerNorm critics), ReBRAC's penalties and "
+            "observation normalisation as chosen on other seeds "
+            "(learning_rebrac_tuning_<env>) or its 0.01 / 0.01, observations as they are."
         ),
     }
 
@@ -305,6 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         "--tune-rebrac",
         action="store_true",
         help="only choose ReBRAC's penalties: the grid on the tuning seeds, one record per env",
+    )
+    parser.add_argument(
+        "--reuse-tuning",
+        type=Path,
+        help=(
+            "with --tune-rebrac: an earlier run's JSON lines (or benchmarks/results.json) whose"
+            " tuning record at the same steps and seeds gives the grid points it measured"
+        ),
     )
     args = parser.parse_args(argv)
     out = protect_stdout()
@@ -342,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.tune_rebrac:
             if "rebrac" in learners:
-                reporter.emit(_tune_rebrac(env_id, data, steps, episodes))
+                earlier = _earlier_tuning(args.reuse_tuning, env_id, steps, episodes)
+                reporter.emit(_tune_rebrac(env_id, data, steps, episodes, earlier))
             continue
         chosen = [n for n in learners if args.learners is None or n in args.learners.split(",")]
         offaug_scores: dict[str, list[float]] = {}

@@ -152,3 +152,66 @@ def test_augmentation_extend_joins_the_seeds_of_two_runs(tmp_path: Path) -> None
         bench._extended(earlier, earlier)
     with pytest.raises(ValueError, match="sizes"):
         bench._extended({**later, "size": {**size, "gradient_steps": 20}}, earlier)
+
+
+def test_augmentation_join_adds_an_earlier_runs_recipes_on_the_same_seeds() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_augmentation as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from offaug.pipeline.statistics import compare
+
+    size = {"dataset": "hopper-medium", "gradient_steps": 10}
+    seeds = [0, 1, 2]
+    plain = [1.0, 2.0, 3.0]
+
+    def record(arms: dict[str, list[float]], plain: list[float]) -> dict[str, object]:
+        diagnostics = {r: {"rows": [len(r)] * 3, "rollout_policy": "bc"} for r in arms}
+        absolute = {
+            "plain": plain,
+            "bc_normalised_scores": [0.0, 1.0, 2.0],
+            "data": {"normalised_score": 19.7},
+            "rollout_diagnostics": diagnostics,
+        }
+        return bench._record("hopper-medium", "cql", seeds, arms, absolute, dict(size))
+
+    earlier = record({"reset-0.1": [2.0, 3.0, 4.0]}, plain)
+    later = record({"td3bc-reset-0.1": [5.0, 6.0, 9.0]}, plain)
+    joined = bench._join(later, earlier)
+    recipes = joined["absolute"]["recipes"]
+    assert set(recipes) == {"reset-0.1", "td3bc-reset-0.1"}
+    assert recipes["reset-0.1"]["per_seed"] == [2.0, 3.0, 4.0]
+    assert set(joined["absolute"]["rollout_diagnostics"]) == set(recipes)
+    assert joined["best_recipe"] == "td3bc-reset-0.1" and joined["seeds"] == seeds
+    expected = compare(plain, [2.0, 3.0, 4.0])
+    assert recipes["reset-0.1"]["difference"] == expected.difference.value
+    # The rerun plain must agree with the earlier one: otherwise the runs trained differently.
+    with pytest.raises(ValueError, match=r"plain scores differ .* seeds \[2\]"):
+        bench._join(record({"td3bc-reset-0.1": [5.0, 6.0, 9.0]}, [1.0, 2.0, 3.5]), earlier)
+    with pytest.raises(ValueError, match="sizes or seeds"):
+        bench._join({**later, "seeds": [0, 1, 5]}, earlier)
+
+
+def test_rebrac_tuning_reuses_an_earlier_runs_points_at_the_same_sizes(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_learning as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    size = {"env": "Hopper-v5", "gradient_steps": 5000, "eval_episodes": 10}
+    record = {
+        "benchmark": "learning_rebrac_tuning_Hopper-v5",
+        "size": size,
+        "seeds": bench.REBRAC_TUNING_SEEDS,
+        "per_seed": {"0.4/0.1": [14.0, 20.0]},
+    }
+    other_steps = {**record, "size": {**size, "gradient_steps": 500}, "per_seed": {"x": [1.0]}}
+    saved = tmp_path / "run.jsonl"
+    saved.write_text("\n".join(["a log line", json.dumps(record), json.dumps(other_steps)]))
+    assert bench._earlier_tuning(saved, "Hopper-v5", 5000, 10) == {"0.4/0.1": [14.0, 20.0]}
+    assert bench._earlier_tuning(saved, "Pendulum-v1", 5000, 10) == {}
+    assert bench._earlier_tuning(None, "Hopper-v5", 5000, 10) == {}
+    # The earlier grid's keys are the new grid's keys for points without normalisation.
+    keys = [bench._grid_key(*point) for point in bench.REBRAC_GRID]
+    assert "0.4/0.1" in keys and "1.0/0.1/normalised" in keys and len(set(keys)) == len(keys)
