@@ -329,3 +329,20 @@ def learner_data(quick: bool) -> tuple[Any, Any]:
     generated = ensure_dataset("Hopper-v5", 10_000 if quick else 50_000, "hdf5", seed=0)
     data = load_transitions(generated.path, cache=False)
     return data, to_d3rlpy(data)
+
+
+def data_fingerprint(data: Any) -> str:
+    """A hash of a dataset's transition columns (``offaug.datasets.Transitions``).
+
+    Benchmark datasets are made by offaug's own SAC and cached; a change to that code makes a
+    different dataset under the same id, so records carry this to tell which data they measured
+    (and runs that join records refuse data that differs)."""
+    import numpy as np
+    import xxhash
+
+    from offaug.datasets.transitions import REQUIRED_FIELDS
+
+    digest = xxhash.xxh3_64()
+    for name in REQUIRED_FIELDS:
+        digest.update(np.ascontiguousarray(getattr(data, name)).tobytes())
+    return digest.hexdigest()

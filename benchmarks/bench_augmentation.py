@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DATA_DIR, Reporter, log, protect_stdout
+from _common import DATA_DIR, Reporter, data_fingerprint, log, protect_stdout
 
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.statistics import compare
@@ -158,17 +158,18 @@ QUICK = Sizes(
 )
 
 
-def _source(name: str) -> DatasetRef:
+def _source(name: str) -> tuple[DatasetRef, str]:
+    """The dataset, made (and cached) on first use, and its :func:`data_fingerprint`."""
     from bench_learning import _dataset
 
     from offaug.datasets.paths import resolve_dataset_dir
     from offaug.pipeline.stages import prepare_source
 
     spec = DATASETS[name]
-    _dataset(spec.env_id, spec.level, train_steps=spec.sac_steps, steps=spec.steps)
+    transitions = _dataset(spec.env_id, spec.level, train_steps=spec.sac_steps, steps=spec.steps)
     dataset_id = f"bench/{spec.env_id.lower()}-{spec.level}-t{spec.sac_steps}-s{spec.steps}-v0"
     path = resolve_dataset_dir(dataset_id, DATA_DIR / "learning")
-    return prepare_source(SourceConfig(dataset=str(path)))
+    return prepare_source(SourceConfig(dataset=str(path))), data_fingerprint(transitions)
 
 
 def _rollout_model(overrides: dict[str, Any], data: DatasetRef, sizes: Sizes) -> RolloutModel:
@@ -259,7 +260,7 @@ def _run_dataset(
     """Every (recipe, learner, seed) of one dataset; scores and per-recipe diagnostics."""
     from offaug.pipeline import stages
 
-    data = _source(name)
+    data, fingerprint = _source(name)
     evaluation = EvaluationModel(episodes=sizes.eval_episodes)
     bc_config = BCConfigModel(steps=sizes.bc_steps, hidden=HIDDEN)
     bcs = {
@@ -342,6 +343,7 @@ def _run_dataset(
         ],
         "data": first_bc.get("data"),
         "transitions": data.rows,
+        "data_fingerprint": fingerprint,
     }
 
 
@@ -358,6 +360,7 @@ def _records(
     size = {
         "dataset": name,
         "transitions": result["transitions"],
+        "data_fingerprint": result["data_fingerprint"],
         "gradient_steps": _train_steps(name, sizes),
         "hidden": list(HIDDEN),
         "learner_config": DATASETS[name].configs.get(learner, {}),

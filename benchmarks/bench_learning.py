@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DATA_DIR, Reporter, log, protect_stdout
+from _common import DATA_DIR, Reporter, data_fingerprint, log, protect_stdout
 
 HIDDEN = (64, 64)
 REBRAC_HIDDEN = (64, 64, 64)  # ReBRAC's deeper networks at the same width
@@ -233,9 +233,19 @@ def _rebrac_overrides(env_id: str) -> dict[str, Any]:
     return _penalties(*REBRAC_CHOICE.get(env_id, (DEFAULT_BC_COEF, DEFAULT_BC_COEF, False)))
 
 
-def _earlier_tuning(path: Path | None, env_id: str, steps: int, episodes: int) -> dict[str, Any]:
-    """The per-seed scores of an earlier ``learning_rebrac_tuning_<env_id>`` record in ``path``
-    (JSON lines or results.json) at the same steps, episodes and seeds; {} if none."""
+def _tuning_size(env_id: str, steps: int, episodes: int, data: Any) -> dict[str, Any]:
+    return {
+        "env": env_id,
+        "gradient_steps": steps,
+        "eval_episodes": episodes,
+        "data_fingerprint": data_fingerprint(data),
+    }
+
+
+def _earlier_tuning(path: Path | None, size: dict[str, Any]) -> dict[str, Any]:
+    """The per-seed scores of an earlier tuning record in ``path`` (JSON lines or
+    results.json) of the same :func:`_tuning_size` (env, steps, episodes, data) and seeds; {}
+    if none."""
     if path is None:
         return {}
     import json
@@ -246,11 +256,10 @@ def _earlier_tuning(path: Path | None, env_id: str, steps: int, episodes: int) -
         records = loaded["results"] if isinstance(loaded, dict) else loaded
     except json.JSONDecodeError:
         records = [json.loads(x) for x in text.splitlines() if x.strip().startswith("{")]
-    size = {"env": env_id, "gradient_steps": steps, "eval_episodes": episodes}
     found: dict[str, Any] = {}
     for record in records:
         if (
-            record.get("benchmark") == f"learning_rebrac_tuning_{env_id}"
+            record.get("benchmark") == f"learning_rebrac_tuning_{size['env']}"
             and record.get("size") == size
             and record.get("seeds") == REBRAC_TUNING_SEEDS
         ):
@@ -285,7 +294,7 @@ def _tune_rebrac(
         "ratio": None if default is None else means[best] - default,
         "goal": None,
         "repeats": len(REBRAC_TUNING_SEEDS),
-        "size": {"env": env_id, "gradient_steps": steps, "eval_episodes": episodes},
+        "size": _tuning_size(env_id, steps, episodes, data),
         "seeds": REBRAC_TUNING_SEEDS,
         "per_seed": scores,
         "best": best,
@@ -303,6 +312,7 @@ def _rebrac_record(
     level: str,
     steps: int,
     transitions: int,
+    fingerprint: str,
     episodes: int,
     seeds: list[int],
     rebrac: list[float],
@@ -325,6 +335,7 @@ def _rebrac_record(
             "hidden": {"rebrac": list(REBRAC_HIDDEN), "td3bc": list(HIDDEN)},
             "rebrac_overrides": _rebrac_overrides(env_id),
             "transitions": transitions,
+            "data_fingerprint": fingerprint,
             "eval_episodes": episodes,
         },
         "seeds": seeds,
@@ -398,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.tune_rebrac:
             if "rebrac" in learners:
-                earlier = _earlier_tuning(args.reuse_tuning, env_id, steps, episodes)
+                size = _tuning_size(env_id, steps, episodes, data)
+                earlier = _earlier_tuning(args.reuse_tuning, size)
                 reporter.emit(_tune_rebrac(env_id, data, steps, episodes, earlier))
             continue
         chosen = [n for n in learners if args.learners is None or n in args.learners.split(",")]
@@ -418,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                         level,
                         steps,
                         len(data),
+                        data_fingerprint(data),
                         episodes,
                         seeds,
                         mine,
@@ -445,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                         "gradient_steps": steps,
                         "hidden": list(HIDDEN),
                         "transitions": len(data),
+                        "data_fingerprint": data_fingerprint(data),
                         "eval_episodes": episodes,
                     },
                     "seeds": seeds,

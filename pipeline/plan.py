@@ -47,7 +47,7 @@ from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.scheduler import Ref, RefList
 from offaug.pipeline.summary import RecipeStages, RunEntry, RunIndex, weighting_of
 from offaug.pipeline.verdict import PLAIN
-from offaug.pipeline.workflow import TrainModel, Workflow
+from offaug.pipeline.workflow import RolloutModel, TrainModel, Workflow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +118,8 @@ class _Planner:
         self.layout = layout
         self.threads = threads
         self.plan = Plan()
+        self.policy_models: dict[tuple[str, int], str] = {}
+        """(recipe, seed) -> the retrained policy its last rollout round rolled out."""
         self.plan.index = RunIndex(
             primary_seed=workflow.seed, seeds=list(workflow.seeds), runs=[], recipes={}
         )
@@ -138,11 +140,12 @@ class _Planner:
         augmented: str | None,
         *,
         plain: bool = True,
+        record: bool = True,
     ) -> str:
         """One (recipe, learner, seed) run on the original data (``augmented`` None) or on
-        original + augmented data; recorded in the run index under its recipe. A recipe without
-        rollouts trains on the original data with its augmentation inside the loss
-        (``plain=False``)."""
+        original + augmented data; recorded in the run index under its recipe unless ``record``
+        is False (a rollout policy of a later round). A recipe without rollouts trains on the
+        original data with its augmentation inside the loss (``plain=False``)."""
         label = f"{algorithm}-{recipe}{self.suffix(seed)}"
         evaluation = self.workflow.evaluation
         config: dict[str, Any] = {
@@ -177,7 +180,8 @@ class _Planner:
                 dict(train.resources) or None,
             )
         )
-        self.record_run(algorithm, recipe, seed, name, label)
+        if record:
+            self.record_run(algorithm, recipe, seed, name, label)
         return name
 
     def record_run(self, algorithm: str, recipe: str, seed: int, stage: str, label: str) -> None:
@@ -294,15 +298,46 @@ class _Planner:
         )
 
     def rollout(self, recipe: Recipe, seed: int, bc: str) -> str:
-        """The rollout tasks and their merge; return the merge's name."""
+        """The rollout tasks and their merge, round after round; return the last merge's name.
+
+        A learner named as the rollout policy rolls out its own plain run of this seed in round
+        1; each later round retrains it on the original data and the previous round's rollouts
+        (with the recipe's train settings) and rolls that out. Earlier rounds carry
+        ``.roundK`` in their tag; the last round has the recipe's own names.
+        """
         rollout = recipe.rollout
+        policy_name = str(getattr(rollout, "policy", "bc") or "bc")
+        policy = None if policy_name == "bc" else self.plain(policy_name, seed)
+        rounds = getattr(rollout, "rounds", 1)
+        # Every round rolls out with rounds = 1: round 1 is then the same stage as a recipe
+        # without rounds, and shared with it.
+        single = rollout.model_copy(update={"rounds": 1}) if rounds > 1 else rollout
+        merged = ""
+        for round_ in range(1, rounds + 1):
+            if round_ > 1:
+                policy = self.train(
+                    recipe.train,
+                    policy_name,
+                    f"{recipe.name}.round{round_ - 1}",
+                    seed,
+                    merged,
+                    plain=False,
+                    record=False,
+                )
+                self.policy_models[recipe.name, seed] = policy
+            tag = "" if recipe.name == DEFAULT_RECIPE else recipe.name
+            if round_ < rounds:
+                tag = f"{tag}.round{round_}".lstrip(".")
+            merged = self.rollout_round(single, seed, bc, policy, f"[{tag}]" if tag else "")
+        return merged
+
+    def rollout_round(
+        self, rollout: RolloutModel, seed: int, bc: str, policy: str | None, tag: str
+    ) -> str:
+        """One round's rollout tasks and their merge (``policy`` None: the BC clone)."""
         sfx = self.suffix(seed)
-        tag = "" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]"
         shards = "augmented" + ("" if not tag and not sfx else path_name(f"{tag}{sfx}"))
         out = str(self.layout.augmented.with_name(shards))
-        # A learner named as the rollout policy rolls out its own plain run of this seed.
-        policy_name = getattr(rollout, "policy", "bc")
-        policy = None if policy_name in ("bc", None) else self.plain(str(policy_name), seed)
         extra = () if policy is None else (Ref(policy),)
         needs = ("source", bc) + (() if policy is None else (policy,))
         dynamics = None
@@ -431,7 +466,7 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
                     recipe, seed, bcs[recipe.name, seed], rollouts[recipe.name][seed]
                 )
     for recipe in arms.values():
-        planner.plan.index["recipes"][recipe.name] = RecipeStages(
+        stages_of = planner.plan.index["recipes"][recipe.name] = RecipeStages(
             weighting=weighting_of(recipe.train),
             policy=str(getattr(recipe.rollout, "policy", "bc") or "bc"),
             bc={str(s): bcs[recipe.name, s] for s in seeds if (recipe.name, s) in bcs},
@@ -442,6 +477,13 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
                 if (recipe.name, s) in diagnoses
             },
         )
+        retrained = {
+            str(s): planner.policy_models[recipe.name, s]
+            for s in seeds
+            if (recipe.name, s) in planner.policy_models
+        }
+        if retrained:
+            stages_of["policy_models"] = retrained
     _publish(planner, arms, rollouts, seeds)
     return planner.plan
 

@@ -153,6 +153,16 @@ class RolloutModel(_Strict):
             " noise's density around that action; log beta_hat is always the BC density."
         ),
     )
+    rounds: int = Field(
+        1,
+        ge=1,
+        description=(
+            "With a learner as the policy: rounds of train -> roll out -> retrain. Round 1 rolls"
+            " out the learner's plain run; each later round retrains the learner on the original"
+            " data plus the previous round's rollouts (this recipe's train settings) and rolls"
+            " that out. The last round's rollouts are the recipe's augmented data."
+        ),
+    )
     noise: Noise = Field(
         DEFAULT_NOISE,
         description="gaussian:SIGMA, ou:SIGMA[:THETA], uniform, +epsilon:EPS, mixtures W*C+W*C.",
@@ -214,6 +224,11 @@ class RolloutModel(_Strict):
             raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
         if self.starts == "disagreement" and self.backend != "model":
             raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
+        if self.rounds > 1 and self.policy == "bc":
+            raise ValueError(
+                f"rounds {self.rounds} needs a learner as the policy (policy: td3bc, say): the"
+                " BC clone is not retrained on augmented data"
+            )
         return self
 
 

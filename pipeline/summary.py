@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 import numpy as np
 
@@ -44,6 +44,8 @@ class RecipeStages(TypedDict):
     bc: dict[str, str]
     rollout: dict[str, str]
     diagnose: dict[str, str]
+    policy_models: NotRequired[dict[str, str]]
+    """With rollout rounds: the train stage whose policy the last round rolled out."""
 
 
 class RunIndex(TypedDict):
@@ -143,7 +145,13 @@ def recipe_summaries(
         first = results.get(first_rollout) if first_rollout else None
         diagnose = next(iter(stages["diagnose"].values()), None)
         document = results.get(diagnose) if diagnose else None
-        if stages["policy"] == "bc":
+        if stages.get("policy_models"):
+            policy_scores = [
+                _dig(results[s].metrics, "eval", "normalised_score")
+                for s in stages.get("policy_models", {}).values()
+                if isinstance(results.get(s), ModelRef)
+            ]
+        elif stages["policy"] == "bc":
             policy_scores = [
                 _dig(results[s].metrics, "eval", "normalised_score")
                 for s in stages["bc"].values()

@@ -199,7 +199,12 @@ def test_rebrac_tuning_reuses_an_earlier_runs_points_at_the_same_sizes(tmp_path:
         import bench_learning as bench
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    size = {"env": "Hopper-v5", "gradient_steps": 5000, "eval_episodes": 10}
+    size = {
+        "env": "Hopper-v5",
+        "gradient_steps": 5000,
+        "eval_episodes": 10,
+        "data_fingerprint": "a",
+    }
     record = {
         "benchmark": "learning_rebrac_tuning_Hopper-v5",
         "size": size,
@@ -209,9 +214,11 @@ def test_rebrac_tuning_reuses_an_earlier_runs_points_at_the_same_sizes(tmp_path:
     other_steps = {**record, "size": {**size, "gradient_steps": 500}, "per_seed": {"x": [1.0]}}
     saved = tmp_path / "run.jsonl"
     saved.write_text("\n".join(["a log line", json.dumps(record), json.dumps(other_steps)]))
-    assert bench._earlier_tuning(saved, "Hopper-v5", 5000, 10) == {"0.4/0.1": [14.0, 20.0]}
-    assert bench._earlier_tuning(saved, "Pendulum-v1", 5000, 10) == {}
-    assert bench._earlier_tuning(None, "Hopper-v5", 5000, 10) == {}
+    assert bench._earlier_tuning(saved, size) == {"0.4/0.1": [14.0, 20.0]}
+    assert bench._earlier_tuning(saved, {**size, "env": "Pendulum-v1"}) == {}
+    # Other data under the same dataset id (its generator changed): nothing is reused.
+    assert bench._earlier_tuning(saved, {**size, "data_fingerprint": "b"}) == {}
+    assert bench._earlier_tuning(None, size) == {}
     # The earlier grid's keys are the new grid's keys for points without normalisation.
     keys = [bench._grid_key(*point) for point in bench.REBRAC_GRID]
     assert "0.4/0.1" in keys and "1.0/0.1/normalised" in keys and len(set(keys)) == len(keys)

@@ -241,3 +241,41 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     assert apart.stages["train:td3bc-augmented@s1"].inputs == ("source", "rollout@s1")
     one_seed = _plan(_workflow(train={"algorithms": ["td3bc"]}), tmp_path)
     assert not any(n.startswith("fused:") for n in one_seed.names)
+
+
+def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
+    tmp_path: Path,
+) -> None:
+    workflow = _workflow(
+        train={"algorithms": ["cql"], "fuse_seeds": False},
+        recipes={
+            "once": {"rollout": {"policy": "td3bc"}},
+            "twice": {"rollout": {"policy": "td3bc", "rounds": 3}},
+        },
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(workflow, tmp_path)
+    stages = plan.stages
+    # Round 1 rolls out td3bc's plain run, the same stages as the recipe without rounds.
+    assert stages["rollout[once]:0"].inputs == ("source", "bc", "train:td3bc-original")
+    assert "rollout[twice.round1]" not in plan.names
+    # Round 2 rolls out td3bc retrained on the original data and round 1's rollouts, with the
+    # recipe's train settings; round 3 (the last) keeps the recipe's own names.
+    assert stages["train:td3bc-twice.round1"].inputs == ("source", "rollout[once]")
+    assert stages["rollout[twice.round2]:0"].inputs == ("source", "bc", "train:td3bc-twice.round1")
+    assert stages["train:td3bc-twice.round2"].inputs == ("source", "rollout[twice.round2]")
+    assert stages["rollout[twice]:0"].inputs == ("source", "bc", "train:td3bc-twice.round2")
+    assert stages["train:cql-twice"].inputs == ("source", "rollout[twice]")
+    index = plan.index["recipes"]["twice"]
+    assert index["rollout"] == {"0": "rollout[twice]"}
+    assert index.get("policy_models") == {"0": "train:td3bc-twice.round2"}
+    assert "policy_models" not in plan.index["recipes"]["once"]
+    # The retrained policies are not runs of the recipe: the verdict compares cql's only.
+    assert {(r["learner"], r["recipe"]) for r in plan.index["runs"]} == {
+        ("cql", "original"),
+        ("td3bc", "original"),
+        ("cql", "once"),
+        ("cql", "twice"),
+    }
+    with pytest.raises(ValueError, match=r"recipes\.r\.rollout.*rounds 2 needs a learner"):
+        _workflow(recipes={"r": {"rollout": {"rounds": 2}}})
