@@ -117,6 +117,17 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {},
     ),
+    # Two rounds: TD3+BC retrained on the data and its own kept rollouts, then rolled out.
+    "td3bc-reset-0.1-r2": (
+        {
+            "start": "reset",
+            "noise": "gaussian:0.1",
+            "filter": "data",
+            "policy": "td3bc",
+            "rounds": 2,
+        },
+        {},
+    ),
     "branch-h50": (
         {"start": "dataset", "horizon": 50, "noise": "gaussian:0.1", "filter": "data"},
         {},
@@ -271,39 +282,53 @@ def _run_dataset(
     }
     trained: dict[tuple[str, str, int], Any] = {}
 
-    def submit_train(learner: str, recipe: str, seed: int, augmented: Any) -> Any:
-        if (learner, recipe, seed) not in trained:
+    def submit_train(
+        learner: str, recipe: str, seed: int, augmented: Any, label: str | None = None
+    ) -> Any:
+        # ``label`` names a rollout round's retrained policy apart from the recipe's own runs.
+        key = (learner, label or recipe, seed)
+        if key not in trained:
             overrides = {} if recipe == PLAIN else RECIPES[recipe][1]
-            trained[learner, recipe, seed] = client.submit(
+            trained[key] = client.submit(
                 stages.train_offline,
                 learner,
                 data,
                 augmented,
                 _train_model(learner, overrides, name, sizes),
                 evaluation,
-                str(root / name / f"{learner}-{recipe}-s{seed}"),
+                str(root / name / f"{learner}-{label or recipe}-s{seed}"),
                 seed,
                 1,
                 plain=recipe == PLAIN,
                 pure=False,
             )
-        return trained[learner, recipe, seed]
+        return trained[key]
 
     rollouts: dict[tuple[str, int], Any] = {}
+    policies: dict[tuple[str, int], tuple[str, str]] = {}
+    """(recipe, seed) -> the (learner, label) of the retrained policy its last round rolled out."""
     for recipe in recipes:
         overrides, _ = RECIPES[recipe]
         rollout = _rollout_model(overrides, data, sizes)
         if rollout.backend == "none":
             continue
+        single = rollout.model_copy(update={"rounds": 1})
         for seed in seeds:
-            # A learner named as the rollout policy rolls out its plain run of this seed.
+            # A learner named as the rollout policy rolls out its plain run of this seed in
+            # round 1, then (rollout.rounds) its run on the data and the previous round's.
             policy = (
                 None if rollout.policy == "bc" else submit_train(rollout.policy, PLAIN, seed, None)
             )
-            out = root / name / f"aug-{recipe}-s{seed}"
-            rollouts[recipe, seed] = _submit_rollout(
-                client, data, bcs[seed], policy, rollout, out, seed
-            )
+            augmented: Any = None
+            for round_ in range(1, rollout.rounds + 1):
+                suffix = "" if round_ == rollout.rounds else f".round{round_}"
+                if round_ > 1:
+                    label = f"{recipe}.round{round_ - 1}"
+                    policy = submit_train(rollout.policy, recipe, seed, augmented, label)
+                    policies[recipe, seed] = (rollout.policy, label)
+                out = root / name / f"aug-{recipe}{suffix}-s{seed}"
+                augmented = _submit_rollout(client, data, bcs[seed], policy, single, out, seed)
+            rollouts[recipe, seed] = augmented
     for learner in learners:
         for recipe in [PLAIN, *recipes]:
             for seed in seeds:
@@ -330,7 +355,7 @@ def _run_dataset(
             "rollout_policy_score": [
                 (bc_refs[s].metrics.get("eval") or {}).get("normalised_score")
                 if policy == "bc"
-                else _score(models[policy, PLAIN, s])
+                else _score(models[(*policies.get((recipe, s), (policy, PLAIN)), s)])
                 for s in seeds
             ],
         }

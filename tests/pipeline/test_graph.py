@@ -554,3 +554,38 @@ def test_fused_seeds_match_one_stage_per_seed(cluster: Cluster, tmp_path: Path) 
         assert [list(x) for x in lines] == [list(x) for x in reference], label
         fused_return = metrics["training"][label]["return"]
         assert fused_return == pytest.approx(apart_metrics["training"][label]["return"], rel=1e-4)
+
+
+def test_rollout_rounds_run_on_workers_and_score_the_last_policy(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two rounds: TD3+BC's plain run rolls out, TD3+BC retrained on the data and those
+    rollouts rolls out again, and the recipe trains on the second round's rollouts."""
+    td3bc = {"hidden": [16, 16], "batch_size": 32}
+    workflow = _workflow(
+        tmp_path,
+        rollout={"episodes": 4, "tasks": 2, "policy": "td3bc", "rounds": 2},
+        train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 32}, "td3bc": td3bc}},
+    )
+    run_dir = tmp_path / "run"
+    result = run_workflow(workflow, run_dir, scheduler=cluster.address)
+    stages = json.loads((run_dir / "stages.json").read_text())["stages"]
+    assert {"train:td3bc-original", "rollout[round1]", "train:td3bc-augmented.round1"} <= set(
+        result.executed
+    )
+    assert stages["train:td3bc-augmented.round1"]["inputs"] == ["source", "rollout[round1]"]
+    assert stages["rollout:0"]["inputs"] == ["source", "bc", "train:td3bc-augmented.round1"]
+    assert stages["train:bc-augmented"]["inputs"] == ["source", "rollout"]
+    assert (run_dir / "shards" / "augmented[round1]" / "manifest.json").is_file()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    # Only the recipe's learner is a run of the recipe; the retrained policy is not.
+    assert set(metrics["training"]) == {"bc-original", "bc-augmented", "td3bc-original"}
+    retrained = json.loads(
+        (run_dir / "models" / "td3bc-augmented.round1" / "metrics.jsonl")
+        .read_text()
+        .splitlines()[-1]
+    )
+    assert metrics["recipes"]["augmented"]["policy"] == "td3bc"
+    assert metrics["recipes"]["augmented"]["rollout_policy_score"] == pytest.approx(
+        retrained["normalised_score"]
+    )
