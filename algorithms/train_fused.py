@@ -49,7 +49,7 @@ from offaug.algorithms.train import (
     write_checkpoint,
 )
 from offaug.datasets.atomic import write_json_atomic
-from offaug.datasets.sampler import Batch, MixtureSampler
+from offaug.datasets.sampler import Batch, MixtureSampler, sample_stacked
 from offaug.datasets.shards import ShardSet
 from offaug.datasets.transitions import Transitions
 
@@ -230,7 +230,7 @@ def train_fused(
     started = time.perf_counter()
     try:
         for step in range(start + 1, options.steps + 1):
-            raw = stack_numpy([s.sample() for s in samplers])
+            raw = sample_stacked(samplers)
             batch = TorchBatch.from_batch(raw, device)
             _count_weights(preparations, batch, raw)
             pending.append(fused.update(batch))
@@ -362,15 +362,6 @@ def build_members(
     if len(set(starts)) != 1:
         raise ValueError(f"the seeds' checkpoints are at different steps: {starts}")
     return Members(trainers, samplers, generators, preparations, starts[0])
-
-
-def stack_numpy(batches: Sequence[Batch]) -> Batch:
-    """Member batches stacked along a leading axis, before they become tensors."""
-    fields: dict[str, Any] = {}
-    for field in dataclasses.fields(Batch):
-        values = [getattr(b, field.name) for b in batches]
-        fields[field.name] = None if values[0] is None else np.stack(values)
-    return Batch(**fields)
 
 
 def _count_weights(preparations: Sequence[BatchPreparation], batch: TorchBatch, raw: Batch) -> None:

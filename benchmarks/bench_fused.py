@@ -80,18 +80,18 @@ def _fused(
 
 def _fused_block(fused: Any, samplers: list[Any], steps: int) -> float:
     from offaug.algorithms.batch import TorchBatch
-    from offaug.algorithms.train_fused import stack_numpy
+    from offaug.datasets.sampler import sample_stacked
 
     start = time.perf_counter()
     for _ in range(steps):
-        fused.update(TorchBatch.from_batch(stack_numpy([s.sample() for s in samplers])))
+        fused.update(TorchBatch.from_batch(sample_stacked(samplers)))
     return time.perf_counter() - start
 
 
 def _floor(fused: Any, samplers: list[Any]) -> float:
     """Seconds per fused update of its matrix multiplies alone (over a ``policy_freq`` cycle)."""
     from offaug.algorithms.batch import TorchBatch
-    from offaug.algorithms.train_fused import stack_numpy
+    from offaug.datasets.sampler import stack_numpy
 
     config = fused.trainers[0].config
     cycle = int(getattr(config, "policy_freq", getattr(config, "update_actor_interval", 1)))

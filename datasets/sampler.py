@@ -228,6 +228,65 @@ class MixtureSampler:
         self._rng.bit_generator.state = state
 
 
+def sample_stacked(samplers: Sequence[MixtureSampler]) -> Batch:
+    """Each sampler's next batch, stacked along a leading member axis: fields ``(K, B, ...)``.
+
+    Member ``k``'s rows are exactly those ``samplers[k].sample()`` would draw (its own
+    generator, advanced as that call advances it). When the samplers draw alike from the same
+    single-part sets (the members of a fused run on one dataset), every column is gathered once
+    for all members instead of once per member, then split: the per-column gathers and the
+    stacking copies were most of a fused step's sampling cost. Otherwise each samples alone.
+    """
+    first = samplers[0]
+    if not all(_draws_alike(first, other) for other in samplers[1:]):
+        return stack_numpy([s.sample() for s in samplers])
+    members = len(samplers)
+    pieces = []
+    for set_id, (pool, count) in enumerate(zip(first.pools, first.counts, strict=True)):
+        if count == 0:
+            continue
+        index = np.concatenate(
+            [np.sort(s._rng.integers(0, pool.rows, size=count)) for s in samplers]
+        )
+        data = {
+            name: column.reshape(members, count, *column.shape[1:])
+            for name, column in pool.gather(index).items()
+        }
+        if pool.weighted and first.normalise_weights:
+            data["weights"] = np.stack([normalise_source(w) for w in data["weights"]])
+        data["set_index"] = np.full((members, count), set_id, dtype=np.int8)
+        pieces.append(data)
+    if len(pieces) == 1:
+        return Batch(**pieces[0])
+    return Batch(**{k: np.concatenate([p[k] for p in pieces], axis=1) for k in pieces[0]})
+
+
+def _draws_alike(a: MixtureSampler, b: MixtureSampler) -> bool:
+    """Whether ``a`` and ``b`` gather the same columns from the same single-part sets."""
+    return (
+        a.counts == b.counts
+        and a.normalise_weights == b.normalise_weights
+        and len(a.pools) == len(b.pools)
+        and all(
+            len(p.parts) == 1
+            and len(q.parts) == 1
+            and p.parts[0] is q.parts[0]
+            and (p.weighted, p.log_probs, p.has_log_probs, p.next_actions)
+            == (q.weighted, q.log_probs, q.has_log_probs, q.next_actions)
+            for p, q in zip(a.pools, b.pools, strict=True)
+        )
+    )
+
+
+def stack_numpy(batches: Sequence[Batch]) -> Batch:
+    """Batches stacked along a leading member axis, before they become tensors."""
+    fields: dict[str, Any] = {}
+    for field in dataclasses.fields(Batch):
+        values = [getattr(b, field.name) for b in batches]
+        fields[field.name] = None if values[0] is None else np.stack(values)
+    return Batch(**fields)
+
+
 def normalise_source(weights: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """One source's rows of a batch rescaled to mean 1: ``w * n / sum(w)``.
 

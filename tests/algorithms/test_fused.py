@@ -25,9 +25,10 @@ from offaug.algorithms.base import Trainer
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.fused import FusedTrainer, stack_batches
 from offaug.algorithms.train import TrainOptions, load_trainer, train
-from offaug.algorithms.train_fused import build_members, member_configs, stack_numpy, train_fused
+from offaug.algorithms.train_fused import build_members, member_configs, train_fused
 from offaug.cli import app
 from offaug.datasets import Transitions, load_transitions, write_shard_set
+from offaug.datasets.sampler import stack_numpy
 from offaug.pipeline.layout import AugmentedRef, DatasetRef
 from offaug.pipeline.stages import train_offline, train_offline_fused
 from offaug.pipeline.workflow import EvaluationModel, TrainModel

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from offaug.datasets import (
     write_shard_set,
 )
 from offaug.datasets.minari_reader import read_minari_dir
+from offaug.datasets.sampler import Batch, sample_stacked, stack_numpy
 
 
 def _tagged(n: int, tag: float, weights: bool = False) -> Transitions:
@@ -165,3 +167,66 @@ def test_sets_of_different_observation_shapes_are_refused() -> None:
     )
     with pytest.raises(DataError, match="observation shapes"):
         MixtureSampler([_tagged(5, 0.0), other], 4)
+
+
+def _draws(samplers: list[MixtureSampler], steps: int, stacked: bool) -> list[Batch]:
+    return [
+        sample_stacked(samplers) if stacked else stack_numpy([s.sample() for s in samplers])
+        for _ in range(steps)
+    ]
+
+
+def _assert_same(a: list[Batch], b: list[Batch]) -> None:
+    for x, y in zip(a, b, strict=True):
+        for field in dataclasses.fields(Batch):
+            left, right = getattr(x, field.name), getattr(y, field.name)
+            if left is None or right is None:
+                assert left is None and right is None, field.name
+            else:
+                assert left.shape == right.shape and left.dtype == right.dtype, field.name
+                np.testing.assert_array_equal(left, right, err_msg=field.name)
+
+
+def test_stacked_members_draw_what_each_sampler_draws_alone() -> None:
+    # Two sets (one weighted, with log-probabilities), next actions, three members' seeds.
+    original = _tagged(300, 0.0)
+    augmented = Transitions(
+        **{
+            **_heavy_tailed(200, 1.0, seed=4).columns(),
+            "actions": np.random.default_rng(5).normal(size=(200, 2)).astype(np.float32),
+            "rollout_log_prob": np.arange(200, dtype=np.float32) - 100.0,
+        }
+    )
+
+    def members() -> list[MixtureSampler]:
+        return [
+            MixtureSampler(
+                [original, augmented],
+                48,
+                mixing=[0.7, 0.3],
+                use_weights=True,
+                rollout_log_prob=True,
+                next_actions=True,
+                seed=seed,
+            )
+            for seed in (3, 8, 21)
+        ]
+
+    alone, together = members(), members()
+    _assert_same(_draws(alone, 4, stacked=False), _draws(together, 4, stacked=True))
+    # Each generator advanced as far as its own sample() calls took it.
+    assert [s.rng_state() for s in alone] == [s.rng_state() for s in together]
+    batch = sample_stacked(together)
+    assert batch.observations.shape == (3, 48, 3) and batch.set_index.shape == (3, 48)
+    # Each member's weighted rows are normalised within their source, member by member.
+    augmented_rows = batch.set_index == 1
+    for k in range(3):
+        assert batch.weights[k][augmented_rows[k]].mean() == pytest.approx(1.0, rel=1e-5)
+
+
+def test_stacked_members_on_different_data_each_sample_alone() -> None:
+    first, second = _tagged(100, 0.0), _tagged(100, 1.0)
+    alone = [MixtureSampler([first], 16, seed=1), MixtureSampler([second], 16, seed=2)]
+    together = [MixtureSampler([first], 16, seed=1), MixtureSampler([second], 16, seed=2)]
+    _assert_same(_draws(alone, 3, stacked=False), _draws(together, 3, stacked=True))
+    assert (sample_stacked(together).observations[1] == 1.0).all()
