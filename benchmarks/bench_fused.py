@@ -17,7 +17,8 @@ Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x
 arithmetic limit already); 256x256 1.1x for all. BCQ trains on batches of 100 (its default, as
 in ``bench_algorithms``), the others on 256.
 
-Usage: ``python benchmarks/bench_fused.py [--quick] [--only bc,td3bc,iql,cql,bcq]``; JSON lines.
+Usage: ``python benchmarks/bench_fused.py [--quick] [--only bc,td3bc,iql,cql,bcq]
+[--hidden 64,256]``; JSON lines.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a few minutes")
     parser.add_argument("--only", default="bc,td3bc,iql,cql,bcq", help="learners to measure")
+    parser.add_argument("--hidden", default="64,256", help="network widths to measure")
     args = parser.parse_args(argv)
     reporter = Reporter(protect_stdout())
     one_cpu_thread()
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 3 if args.quick else 5
     members = [1, 2, 5, 10]
     for name in args.only.split(","):
-        for hidden in (64, 256):
+        for hidden in (int(h) for h in args.hidden.split(",")):
             steps = (5 if hidden == 256 else 20) if args.quick else (40 if hidden == 256 else 150)
             log(f"fused {name} {hidden}x{hidden}: K in {members}, {repeats} x {steps} steps")
             _measure(name, hidden, data, dataset, members, steps, repeats, reporter)
