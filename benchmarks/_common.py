@@ -346,3 +346,16 @@ def data_fingerprint(data: Any) -> str:
     for name in REQUIRED_FIELDS:
         digest.update(np.ascontiguousarray(getattr(data, name)).tobytes())
     return digest.hexdigest()
+
+
+def load_records(path: Path) -> list[dict[str, Any]]:
+    """The records of an earlier run's JSON lines (log lines skipped) or of ``results.json``."""
+    import json
+
+    text = path.read_text()
+    try:
+        loaded = json.loads(text)
+        lines = loaded["results"] if isinstance(loaded, dict) else loaded
+    except json.JSONDecodeError:
+        lines = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+    return [record for record in lines if isinstance(record, dict)]

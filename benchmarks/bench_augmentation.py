@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DATA_DIR, Reporter, data_fingerprint, log, protect_stdout
+from _common import DATA_DIR, Reporter, data_fingerprint, load_records, log, protect_stdout
 
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.statistics import compare
@@ -577,19 +577,6 @@ def _measure(
     return records
 
 
-def _load_records(path: Path) -> list[dict[str, Any]]:
-    """The records of an earlier run's JSON lines (log lines skipped) or of ``results.json``."""
-    import json
-
-    text = path.read_text()
-    try:
-        loaded = json.loads(text)
-        lines = loaded["results"] if isinstance(loaded, dict) else loaded
-    except json.JSONDecodeError:
-        lines = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
-    return [record for record in lines if isinstance(record, dict)]
-
-
 def _per_dataset(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The per-(dataset, learner) records by name; the latest record of a name wins."""
     found: dict[str, dict[str, Any]] = {}
@@ -607,7 +594,7 @@ def _reusable(path: Path | None, measured: list[str], learners: list[str]) -> li
     if path is None:
         return []
     now = {f"augmentation_{d}_{learner}" for d in measured for learner in learners}
-    return [r for name, r in _per_dataset(_load_records(path)).items() if name not in now]
+    return [r for name, r in _per_dataset(load_records(path)).items() if name not in now]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -684,8 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     records = []
     if datasets:
-        earlier = _per_dataset(_load_records(args.extend)) if args.extend else {}
-        joining = _per_dataset(_load_records(args.join)) if args.join else {}
+        earlier = _per_dataset(load_records(args.extend)) if args.extend else {}
+        joining = _per_dataset(load_records(args.join)) if args.join else {}
         records = _measure(
             args.workers,
             datasets,

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DATA_DIR, Reporter, data_fingerprint, log, protect_stdout
+from _common import DATA_DIR, Reporter, data_fingerprint, load_records, log, protect_stdout
 
 HIDDEN = (64, 64)
 REBRAC_HIDDEN = (64, 64, 64)  # ReBRAC's deeper networks at the same width
@@ -248,14 +248,7 @@ def _earlier_tuning(path: Path | None, size: dict[str, Any]) -> dict[str, Any]:
     if none."""
     if path is None:
         return {}
-    import json
-
-    text = path.read_text()
-    try:
-        loaded = json.loads(text)
-        records = loaded["results"] if isinstance(loaded, dict) else loaded
-    except json.JSONDecodeError:
-        records = [json.loads(x) for x in text.splitlines() if x.strip().startswith("{")]
+    records = load_records(path)
     found: dict[str, Any] = {}
     for record in records:
         if (
