@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from offaug.pipeline.layout import RunLayout
-from offaug.pipeline.plan import Plan, plan_workflow
+from offaug.pipeline.plan import plan_workflow
+from offaug.pipeline.stage_plan import Plan
 from offaug.pipeline.workflow import Workflow, WorkflowError, load_workflow
 
 
