@@ -486,10 +486,15 @@ def _extended(record: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]
         "rollout_diagnostics": diagnostics,
     }
     arms = {r: old["recipes"][r]["per_seed"] + new["recipes"][r]["per_seed"] for r in common}
-    dataset = record["size"]["dataset"]
-    learner = name.removeprefix(f"augmentation_{dataset}_")
     seeds = earlier["seeds"] + record["seeds"]
-    return _record(dataset, learner, seeds, arms, absolute, record["size"])
+    return _record(
+        record["size"]["dataset"], _learner(record), seeds, arms, absolute, record["size"]
+    )
+
+
+def _learner(record: dict[str, Any]) -> str:
+    """The learner of a per-dataset record, from its name ``augmentation_DATASET_LEARNER``."""
+    return str(record["benchmark"]).removeprefix(f"augmentation_{record['size']['dataset']}_")
 
 
 def _join(record: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
@@ -529,8 +534,7 @@ def _join(record: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
         "rollout_diagnostics": diagnostics,
     }
     dataset = record["size"]["dataset"]
-    learner = name.removeprefix(f"augmentation_{dataset}_")
-    return _record(dataset, learner, record["seeds"], arms, absolute, record["size"])
+    return _record(dataset, _learner(record), record["seeds"], arms, absolute, record["size"])
 
 
 def _measure(

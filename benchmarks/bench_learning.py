@@ -233,12 +233,12 @@ def _rebrac_overrides(env_id: str) -> dict[str, Any]:
     return _penalties(*REBRAC_CHOICE.get(env_id, (DEFAULT_BC_COEF, DEFAULT_BC_COEF, False)))
 
 
-def _tuning_size(env_id: str, steps: int, episodes: int, data: Any) -> dict[str, Any]:
+def _tuning_size(env_id: str, steps: int, episodes: int, fingerprint: str) -> dict[str, Any]:
     return {
         "env": env_id,
         "gradient_steps": steps,
         "eval_episodes": episodes,
-        "data_fingerprint": data_fingerprint(data),
+        "data_fingerprint": fingerprint,
     }
 
 
@@ -260,13 +260,13 @@ def _earlier_tuning(path: Path | None, size: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-def _tune_rebrac(
-    env_id: str, data: Any, steps: int, episodes: int, earlier: dict[str, Any]
-) -> dict[str, Any]:
-    """Every grid point's mean score over the tuning seeds, and the best point; points in
-    ``earlier`` (an earlier run's per-seed scores on the same seeds) are not trained again."""
+def _tune_rebrac(data: Any, size: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """Every grid point's mean score over the tuning seeds, and the best point, at ``size``
+    (:func:`_tuning_size`); points in ``earlier`` (an earlier run's per-seed scores on the same
+    seeds) are not trained again."""
     from offaug.algorithms.rebrac import DEFAULT_BC_COEF
 
+    env_id, steps, episodes = size["env"], size["gradient_steps"], size["eval_episodes"]
     scores: dict[str, list[float]] = {}
     for point in REBRAC_GRID:
         key = _grid_key(*point)
@@ -287,7 +287,7 @@ def _tune_rebrac(
         "ratio": None if default is None else means[best] - default,
         "goal": None,
         "repeats": len(REBRAC_TUNING_SEEDS),
-        "size": _tuning_size(env_id, steps, episodes, data),
+        "size": size,
         "seeds": REBRAC_TUNING_SEEDS,
         "per_seed": scores,
         "best": best,
@@ -400,11 +400,12 @@ def main(argv: list[str] | None = None) -> int:
             train_steps=train_steps,
             steps=dataset_steps if not args.quick else 5000,
         )
+        fingerprint = data_fingerprint(data)
         if args.tune_rebrac:
             if "rebrac" in learners:
-                size = _tuning_size(env_id, steps, episodes, data)
+                size = _tuning_size(env_id, steps, episodes, fingerprint)
                 earlier = _earlier_tuning(args.reuse_tuning, size)
-                reporter.emit(_tune_rebrac(env_id, data, steps, episodes, earlier))
+                reporter.emit(_tune_rebrac(data, size, earlier))
             continue
         chosen = [n for n in learners if args.learners is None or n in args.learners.split(",")]
         offaug_scores: dict[str, list[float]] = {}
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                         level,
                         steps,
                         len(data),
-                        data_fingerprint(data),
+                        fingerprint,
                         episodes,
                         seeds,
                         mine,
@@ -451,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                         "gradient_steps": steps,
                         "hidden": list(HIDDEN),
                         "transitions": len(data),
-                        "data_fingerprint": data_fingerprint(data),
+                        "data_fingerprint": fingerprint,
                         "eval_episodes": episodes,
                     },
                     "seeds": seeds,

@@ -145,16 +145,15 @@ def recipe_summaries(
         first = results.get(first_rollout) if first_rollout else None
         diagnose = next(iter(stages["diagnose"].values()), None)
         document = results.get(diagnose) if diagnose else None
-        if stages.get("policy_models"):
+        # The stages whose models rolled out: the retrained policies of a last round, or the
+        # BC clones; a learner's plain runs are found among the trainings.
+        rolled_out = stages.get("policy_models") or (
+            stages["bc"] if stages["policy"] == "bc" else None
+        )
+        if rolled_out is not None:
             policy_scores = [
                 _dig(results[s].metrics, "eval", "normalised_score")
-                for s in stages.get("policy_models", {}).values()
-                if isinstance(results.get(s), ModelRef)
-            ]
-        elif stages["policy"] == "bc":
-            policy_scores = [
-                _dig(results[s].metrics, "eval", "normalised_score")
-                for s in stages["bc"].values()
+                for s in rolled_out.values()
                 if isinstance(results.get(s), ModelRef)
             ]
         else:
