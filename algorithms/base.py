@@ -116,6 +116,12 @@ def has_policy_density(trainer_type: type[Any], config: Any) -> bool:
     return True if has_density is None else bool(has_density(config))
 
 
+def reads_sources(trainer: object) -> bool:
+    """Whether ``trainer``'s losses read each row's source (``TorchBatch.set_index``), so that
+    its batches must be converted ``with_sources`` (CQL with ``conservative_rows: original``)."""
+    return bool(getattr(trainer, "reads_sources", False))
+
+
 def configure_torch(threads: int | None = None) -> None:
     """Set torch up for CPU training: flush denormals and pin the thread count.
 

@@ -55,6 +55,7 @@ from offaug.algorithms.cql_losses import (
     alpha_loss,
     conservative_gap,
     conservative_penalty,
+    original_rows_gap,
 )
 from offaug.algorithms.distributions import (
     ActionNormaliser,
@@ -121,6 +122,11 @@ class CQLConfig:
     log-likelihood (with the entropy term) instead of ``Q``, while the critics train as usual:
     the authors' ``policy_eval_start`` and CORL's ``bc_steps``. A short run then improves on a
     clone of the data instead of on a random policy."""
+    conservative_rows: Literal["all", "original"] = "all"
+    """Whose actions the penalty pushes up: every row's (CQL), or the original data's only
+    (the first source; COMBO, Yu et al. 2021), with the log-sum-exp still pushed down at every
+    row's state. With augmented data, ``original`` lets its transitions train the critics by TD
+    without counting its actions as the data's; on one source both are CQL."""
 
     def __post_init__(self) -> None:
         if self.soft_q_backup and self.max_q_backup:
@@ -129,6 +135,10 @@ class CQLConfig:
             raise ValueError(f"n_action_samples must be positive, not {self.n_action_samples}")
         if self.bc_steps < 0:
             raise ValueError(f"bc_steps must be 0 or more, not {self.bc_steps}")
+        if self.conservative_rows not in ("all", "original"):
+            raise ValueError(
+                f"conservative_rows must be 'all' or 'original', not {self.conservative_rows!r}"
+            )
 
     @property
     def backup(self) -> Literal["mean", "soft", "max"]:
@@ -218,6 +228,11 @@ class CQL:
         # Log-density of the uniform proposal on the normalised box [-1, 1]^act.
         self.random_log_density = -act_dim * math.log(2.0)
         self.steps = 0
+
+    @property
+    def reads_sources(self) -> bool:
+        """Whether the losses read each row's source (``TorchBatch.set_index``)."""
+        return self.config.conservative_rows == "original"
 
     @property
     def log_temperature(self) -> torch.Tensor:
@@ -314,7 +329,10 @@ class CQL:
         gap = conservative_gap(q_data, q_all[:, 1:], log_density)  # (E, B)
         td = ensemble_td_loss(q_data, target, weights)
         weight, threshold = hyper["conservative_weight"], hyper["alpha_threshold"]
-        penalty = conservative_penalty(gap, weights, weight, threshold)
+        gap_weights: torch.Tensor | None = weights
+        if cfg.conservative_rows == "original" and batch.set_index is not None:
+            gap, gap_weights = original_rows_gap(gap, q_data, weights, batch.set_index), None
+        penalty = conservative_penalty(gap, gap_weights, weight, threshold)
         critic = td + alpha * penalty
 
         # The actor's actions, scored by critics whose weights take no gradient from it.
@@ -335,7 +353,7 @@ class CQL:
         dual = None
         total = critic + policy + temp
         if cfg.lagrange:
-            dual = alpha_loss(self.log_alpha, gap, weights, weight, threshold)
+            dual = alpha_loss(self.log_alpha, gap, gap_weights, weight, threshold)
             total = total + dual
         return CQLLosses(
             total=total,

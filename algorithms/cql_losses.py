@@ -24,6 +24,30 @@ def conservative_gap(
     return torch.logsumexp(q_sampled - log_density, dim=1) - q_data
 
 
+def original_rows_gap(
+    gap: torch.Tensor,
+    q_data: torch.Tensor,
+    weights: torch.Tensor | None,
+    set_index: torch.Tensor,
+) -> torch.Tensor:
+    """The gap of COMBO's penalty (Yu et al. 2021, eq. 2): the log-sum-exp pushed down at every
+    row's state, ``Q`` pushed up on the original data's rows (source 0) only, ``(E, B)``.
+
+    Per row ``w_i * lse_i - u_i * Q(s_i, a_i)``, where ``u`` keeps the original rows' weights
+    rescaled to average 1 over the batch: its plain mean is ``E_w[lse] - E_original[Q]``, so it
+    goes to :func:`conservative_penalty` and :func:`alpha_loss` with ``weights=None``. With only
+    original rows it is ``gap`` (times the weights). Augmented rows then teach the critics their
+    transitions by TD without their actions counting as the data's (which CQL's own penalty
+    raises, pulling the policy towards the rollout policy's noisy actions).
+    """
+    original = (set_index == 0).to(gap.dtype)
+    up = original if weights is None else original * weights
+    up = up * (up.numel() / up.sum().clamp_min(torch.finfo(gap.dtype).tiny))
+    log_sum_exp = gap + q_data
+    down = log_sum_exp if weights is None else log_sum_exp * weights
+    return down - q_data * up
+
+
 def conservative_penalty(
     gap: torch.Tensor,
     weights: torch.Tensor | None,

@@ -35,6 +35,7 @@ from offaug.algorithms.base import (
     config_to_json,
     configure_torch,
     load_checkpoint,
+    reads_sources,
     save_checkpoint,
     seed_everything,
     spaces_from_transitions,
@@ -268,15 +269,14 @@ class BatchPreparation:
             self.usage = WeightUsage(sampler.sets_with_log_probs, device)
         elif options.weighting == "behaviour":
             self.usage = WeightUsage(sampler.weighted_sets, device)
+        self.with_sources = self.usage is not None or reads_sources(trainer)
         self.noiser: StateNoiser | None = None
         if options.state_noise is not None:
             std = observation_std(_parts(datasets[0]))
             self.noiser = StateNoiser(options.state_noise, std, device, options.seed)
 
     def __call__(self, sampler: MixtureSampler) -> TorchBatch:
-        batch = TorchBatch.from_batch(
-            sampler.sample(), self.device, with_sources=self.usage is not None
-        )
+        batch = TorchBatch.from_batch(sampler.sample(), self.device, with_sources=self.with_sources)
         clipped = None
         if self.policy_weights is not None:
             batch, clipped = self.policy_weights(batch)

@@ -31,6 +31,7 @@ from offaug.algorithms.base import (
     Trainer,
     config_to_json,
     configure_torch,
+    reads_sources,
     seed_everything,
     spaces_from_transitions,
 )
@@ -227,11 +228,12 @@ def train_fused(
     device = fused.device
     pending: list[dict[str, torch.Tensor]] = []
     logs = [open(d / "metrics.jsonl", "a") for d in run_dirs]  # noqa: SIM115 - closed below
+    with_sources = reads_sources(fused.trainers[0])
     started = time.perf_counter()
     try:
         for step in range(start + 1, options.steps + 1):
             raw = sample_stacked(samplers)
-            batch = TorchBatch.from_batch(raw, device)
+            batch = TorchBatch.from_batch(raw, device, with_sources=with_sources)
             _count_weights(preparations, batch, raw)
             pending.append(fused.update(batch))
             if step % options.log_every == 0 or step == options.steps:

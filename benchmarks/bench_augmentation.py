@@ -93,6 +93,8 @@ DATASETS: dict[str, BenchDataset] = {
     ),
 }
 
+COMBO: dict[str, Any] = {"configs": {"cql": {"conservative_rows": "original"}}}
+"""Train overrides of the COMBO recipes: CQL pushes up the original data's actions only."""
 # Recipe name -> (rollout overrides, train overrides). "plain" trains on the original data only.
 RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "reset-0.1": ({"start": "reset", "noise": "gaussian:0.1", "filter": "data"}, {}),
@@ -128,6 +130,11 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {},
     ),
+    # COMBO's penalty (CQL's ``conservative_rows: original``): the rollouts train the critics by
+    # TD while only the data's actions are pushed up, so they go unfiltered; other learners
+    # train on the same rollouts as they are.
+    "combo-reset-0.1": ({"start": "reset", "noise": "gaussian:0.1"}, COMBO),
+    "combo-branch-h50": ({"start": "dataset", "horizon": 50, "noise": "gaussian:0.1"}, COMBO),
     "branch-h50": (
         {"start": "dataset", "horizon": 50, "noise": "gaussian:0.1", "filter": "data"},
         {},
@@ -211,6 +218,9 @@ def _train_model(
         if f.name == "hidden" or f.name.endswith("_hidden")
     }
     config.update(DATASETS[dataset].configs.get(algorithm, {}))
+    # A recipe's learner configs add to the dataset's; those of other learners do not apply.
+    config.update(overrides.get("configs", {}).get(algorithm, {}))
+    rest = {k: v for k, v in overrides.items() if k != "configs"}
     return TrainModel.model_validate(
         {
             "algorithms": [algorithm],
@@ -218,7 +228,7 @@ def _train_model(
             "mixing": [0.5, 0.5],
             "weighting": "none",
             "configs": {algorithm: config},
-            **overrides,
+            **rest,
         }
     )
 

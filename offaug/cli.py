@@ -52,7 +52,8 @@ def train_command(
     algorithm: Annotated[
         str,
         typer.Argument(
-            help="bc, cql, bcq, discrete_cql, discrete_bcq, or sac (offline SAC, as a reference)."
+            help="bc, cql, bcq, iql, td3bc, rebrac, discrete_cql, discrete_bcq, or sac "
+            "(offline SAC, as a reference)."
         ),
     ],
     sources: Annotated[
