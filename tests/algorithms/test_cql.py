@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,18 +35,7 @@ from offaug.datasets import MixtureSampler, Transitions, load_transitions
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4}
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread: on a busy machine, thread hand-offs cost more than these tiny nets."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture
-def hopper(make_test_dataset) -> Transitions:
-    return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ row's state, the data actions pushed up on the first source's rows only."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,22 +19,12 @@ from offaug.algorithms.cql_losses import (
 )
 from offaug.algorithms.train import TrainOptions, load_trainer, train
 from offaug.algorithms.train_fused import train_fused
-from offaug.datasets import MixtureSampler, Transitions, load_transitions
+from offaug.datasets import MixtureSampler, Transitions
 
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4, "lagrange": False}
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture
-def hopper(make_test_dataset) -> Transitions:
-    return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _halves(data: Transitions) -> tuple[Transitions, Transitions]:

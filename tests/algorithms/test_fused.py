@@ -56,11 +56,6 @@ MOMENT_TOLERANCE = 1e-2
 
 
 @pytest.fixture
-def hopper(make_test_dataset) -> Transitions:
-    return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
-
-
-@pytest.fixture
 def data(make_test_dataset, algorithm: str) -> Transitions:
     """The data of a test parametrised by ``algorithm``: CartPole for discrete learners."""
     kind = "cartpole" if algorithm in DISCRETE else "hopper"

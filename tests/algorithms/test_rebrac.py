@@ -28,13 +28,8 @@ from offaug.algorithms.rebrac import (
 )
 from offaug.algorithms.train import load_trainer
 from offaug.cli import app
-from offaug.datasets import MixtureSampler, Transitions, load_transitions
+from offaug.datasets import MixtureSampler, Transitions
 from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose
-
-
-@pytest.fixture
-def hopper(make_test_dataset) -> Transitions:
-    return load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
 
 
 def _trainer(data: Transitions, seed: int = 0, **overrides: object) -> ReBRAC:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -26,13 +25,7 @@ SPACES = Spaces(5, 2, action_low=(-2.0, -0.5), action_high=(2.0, 0.5))
 SMALL = SACConfig(hidden=(32, 32), batch_size=32)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread: small networks run fastest so, and a shared machine stays usable."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _filled_buffer(rows: int = 200, seed: int = 0) -> ReplayBuffer:
