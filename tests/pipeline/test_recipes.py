@@ -220,8 +220,9 @@ def test_the_baseline_compares_with_the_datas_own_continuation() -> None:
     expected = baseline.expected_returns(
         np.array([0, 1, 3, 4, RESET_START]), np.array([3, 2, 2, 2, 3])
     )
-    # Row 4 has one step left of its episode: the mean reward per step stands in.
-    np.testing.assert_allclose(expected, [6.0, 5.0, 30.0, 2 * per_step, 3 * per_step])
+    # Row 4 has one step left of its episode: the mean reward per step stands in. The reset
+    # episode outlives the data's mean episode (2.5 steps): its whole return (36 / 2) stands in.
+    np.testing.assert_allclose(expected, [6.0, 5.0, 30.0, 2 * per_step, 18.0])
     keep = EpisodeFilter(baseline, margin=0.5).keep(
         np.array([5.0, 5.0, 31.0, 0.0, 3 * per_step]),
         np.array([3, 2, 2, 2, 3]),
@@ -231,18 +232,20 @@ def test_the_baseline_compares_with_the_datas_own_continuation() -> None:
     np.testing.assert_array_equal(keep, [True, True, True, False, True])
 
     # A reset episode that fell is held to the data's mean episode return (36 / 2 = 18), however
-    # high its reward per step; one cut by the time limit or a horizon to the reward per step.
+    # high its reward per step; one cut by a horizon within the data's mean episode length to the
+    # reward per step; one that outlives the data's episodes to their whole return, not more.
     assert baseline.episode_return == 18.0
-    resets = np.array([RESET_START, RESET_START, RESET_START])
-    short = np.array([2, 2, 3])
-    fell = np.array([True, True, False])
+    resets = np.array([RESET_START, RESET_START, RESET_START, RESET_START])
+    short = np.array([2, 2, 2, 3])
+    fell = np.array([True, True, False, False])
     np.testing.assert_allclose(
-        baseline.expected_returns(resets, short, fell), [18.0, 18.0, 3 * per_step]
+        baseline.expected_returns(resets, short, fell), [18.0, 18.0, 2 * per_step, 18.0]
     )
     keep = EpisodeFilter(baseline).keep(
-        np.array([17.0, 18.0, 3 * per_step + 1e-3]), short, resets, fell
+        np.array([17.0, 18.0, 2 * per_step + 1e-3, 18.0]), short, resets, fell
     )
-    np.testing.assert_array_equal(keep, [False, True, True])
+    np.testing.assert_array_equal(keep, [False, True, True, True])
+    # 18 over 3 steps (6 a step, below the data's 7.2) earns the data's whole episode: kept.
     # 17 over 2 steps beats the reward per step (7.2) but not the data's episodes.
     assert EpisodeFilter(baseline).keep(np.array([17.0]), short[:1], resets[:1])[0]
 
