@@ -222,3 +222,19 @@ def test_rebrac_tuning_reuses_an_earlier_runs_points_at_the_same_sizes(tmp_path:
     # The earlier grid's keys are the new grid's keys for points without normalisation.
     keys = [bench._grid_key(*point) for point in bench.REBRAC_GRID]
     assert "0.4/0.1" in keys and "1.0/0.1/normalised" in keys and len(set(keys)) == len(keys)
+
+
+def test_a_recipes_learner_configs_add_to_the_datasets() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_augmentation as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    _, combo = bench.RECIPES["combo-reset-0.1"]
+    cql = bench._train_model("cql", combo, "hopper-expert-narrow", bench.FULL).configs["cql"]
+    assert cql["conservative_rows"] == "original"
+    assert cql["conservative_weight"] == bench.MUJOCO_CQL["conservative_weight"]
+    assert tuple(cql["hidden"]) == bench.HIDDEN
+    # Other learners train on the same rollouts with their own configs.
+    td3bc = bench._train_model("td3bc", combo, "hopper-expert-narrow", bench.FULL).configs["td3bc"]
+    assert "conservative_rows" not in td3bc
