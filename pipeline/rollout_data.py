@@ -108,9 +108,8 @@ class ReturnBaseline:
         resets = starts < 0
         expected[resets] = np.minimum(expected[resets], self.episode_return)
         if terminated is not None:
-            fell = (starts < 0) & np.asarray(terminated, dtype=bool)
-            expected[fell] = np.maximum(expected[fell], self.episode_return)
-        branched = starts >= 0
+            expected[resets & np.asarray(terminated, dtype=bool)] = self.episode_return
+        branched = ~resets
         long_enough = np.zeros(len(starts), dtype=bool)
         long_enough[branched] = self.steps_left[starts[branched]] >= lengths[branched]
         rows = starts[long_enough]
