@@ -149,15 +149,17 @@ def choose_device(device: str | None = None) -> torch.device:
 
 
 def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """``mean(weights * values)``; with ``None`` or all-ones weights the plain mean.
+    """``mean(weights * values)`` over the batch; with ``None`` or all-ones weights the plain mean.
 
     Training weights are normalised within each source (each source's weights sum to its row
     count: :func:`offaug.datasets.sampler.normalise_source`), so this mean is
     ``sum_s (n_s / B) * sum_{i in s} w_i l_i / sum_{i in s} w_i``.
+
+    The batch is the last axis: ``(B,) -> ()``, and a stacked fused run's ``(K, B) -> (K,)``.
     """
     if weights is None:
-        return values.mean()
-    return (values * weights).mean()
+        return values.mean(-1)
+    return (values * weights).mean(-1)
 
 
 @torch.no_grad()

@@ -125,6 +125,8 @@ class BC:
             phases=(Phase(self._phase_loss, ("optimizer",)),),
             hyperparameters=config_hyperparameters(self.config, self.fused_hyperparameters),
             metrics=("loss",),
+            # Cross-entropy reads its class axis second, so only the continuous losses stack.
+            stacked=not self.spaces.discrete,
         )
 
     def _phase_loss(

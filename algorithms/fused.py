@@ -4,7 +4,7 @@
 them (each from its own seed, so with the same initial parameters), and trains them together:
 every module's parameters and buffers are stacked along a leading member axis, the learner's own
 loss code (its :class:`~offaug.algorithms.fusing.FusedSpec`'s phases) runs once for all members
-under ``torch.func.vmap`` + ``torch.func.functional_call``, one backward pass of the summed
+under ``torch.func.vmap`` with each member's parameters swapped in, one backward pass of the summed
 losses gives every member its own gradient (their parameters are disjoint), and one Adam step
 over the stacked tensors, with a learning rate per member, moves them all.
 
@@ -15,19 +15,26 @@ continuing the stream its single-seed run would draw from, so member ``k`` sees 
 run sees. A member whose loss turns NaN or infinite is frozen: from that step on its parameters,
 moments and targets stop changing (:attr:`FusedTrainer.frozen` names them) and the others go on.
 
+Learners whose losses are member-agnostic (:attr:`~offaug.algorithms.fusing.FusedSpec.stacked`)
+skip ``vmap``: their losses run once on the
+stacked parameters, each layer one ``baddbmm`` over the member axis. Under ``vmap`` the same
+loss costs about twice the operations (a linear layer becomes a batched multiply, an expand and
+an add; every op goes through a batching rule), which at 64x64 is most of a step.
+
 Batched and single matrix multiplies round differently, so a member agrees with its single-seed
 run to float32 rounding, not bit for bit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from offaug.algorithms.base import Trainer
@@ -140,8 +147,38 @@ class _Adam:
             }
 
 
+class _Slots:
+    """Every parameter and buffer of a module tree by dotted name: the dict that holds it.
+
+    :meth:`swapped` puts other tensors in their place for a call, as ``functional_call`` does,
+    at a fraction of its cost per call (it walks the tree and checks for tied weights each
+    time; at 64x64 that was about a tenth of a fused BC step).
+    """
+
+    def __init__(self, root: nn.Module) -> None:
+        self._stores: dict[str, tuple[dict[str, Any], str]] = {}
+        for path, module in root.named_modules():
+            prefix = f"{path}." if path else ""
+            for store in (module._parameters, module._buffers):
+                for key in store:
+                    self._stores[prefix + key] = (cast(dict[str, Any], store), key)
+
+    @contextlib.contextmanager
+    def swapped(self, tensors: Mapping[str, torch.Tensor]) -> Iterator[None]:
+        """The tree with ``tensors`` in place of its own, restored afterwards."""
+        places = [self._stores[name] for name in tensors]
+        saved = [store[key] for store, key in places]
+        try:
+            for (store, key), tensor in zip(places, tensors.values(), strict=True):
+                store[key] = tensor
+            yield
+        finally:
+            for (store, key), tensor in zip(places, saved, strict=True):
+                store[key] = tensor
+
+
 class _Members(nn.Module):
-    """The template learner's modules under one root, for ``functional_call``."""
+    """The template learner's modules under one root, whose tensors :class:`_Slots` swaps."""
 
     def __init__(self, modules: Mapping[str, nn.Module]) -> None:
         super().__init__()
@@ -164,6 +201,9 @@ class FusedTrainer:
             parameters, the backward pass and the optimiser steps stay fused). None: on the CPU
             for learners that set ``fuses_on_cpu = False`` (CQL, BCQ), whose multiplies are
             large enough that K plain ones beat the batched one ``vmap`` makes of them.
+        stacked: Run the losses once on the stacked parameters, without ``vmap`` (see the
+            module's docstring). None: wherever the learner's spec allows it, the members'
+            buffers (normalisers' statistics) are equal and the losses are not looped.
     """
 
     def __init__(
@@ -173,6 +213,7 @@ class FusedTrainer:
         seeds: Sequence[int],
         *,
         looped: bool | None = None,
+        stacked: bool | None = None,
     ) -> None:
         if not trainers or len({len(trainers), len(generators), len(seeds)}) != 1:
             raise ValueError("one generator and one seed per trainer, at least one trainer")
@@ -220,15 +261,30 @@ class FusedTrainer:
         self.carried = {
             name: torch.stack([s.carried[name] for s in specs]).to(device) for name in spec.carried
         }
+        # The stacked losses read one copy of each buffer: the members' must agree.
+        shared = {
+            key: all(torch.equal(value[0], other) for other in value[1:])
+            for key, value in self.buffers.items()
+        }
+        if stacked is None:
+            stacked = spec.stacked and not looped and all(shared.values())
+        if stacked and not (spec.stacked and not looped and all(shared.values())):
+            raise ValueError(
+                f"{type(trainers[0]).__name__} cannot train stacked here: its losses are not"
+                " member-agnostic, they are looped, or its members' buffers differ"
+            )
+        self.stacked = stacked
+        self._shared_buffers = {key: value[0] for key, value in self.buffers.items()}
         self.active = torch.ones(self.members, dtype=torch.bool, device=device)
         self.steps = int(getattr(trainers[0], "steps", 0))
         self.member_steps = torch.full((self.members,), self.steps, device=device)
         self._container = _Members(spec.modules)
+        self._slots = _Slots(self._container)
         self._inputs = [self._phase_inputs(phase) for phase in spec.phases]
 
     def _phase_inputs(self, phase: Phase) -> dict[str, torch.Tensor]:
         trained = {self.spec.optimizers[o].module for o in phase.optimizers}
-        tensors = dict(self.buffers)
+        tensors = dict(self._shared_buffers if self.stacked else self.buffers)
         for module, flat in self.flats.items():
             source = flat.leaves if module in trained else flat.views
             tensors.update({f"parts.{module}.{name}": t for name, t in source.items()})
@@ -270,6 +326,8 @@ class FusedTrainer:
         hyper: Any,
     ) -> Any:
         """Every member's loss and metrics, stacked: ``(K,)`` each."""
+        if self.stacked:
+            return self._member_loss(phase)(tensors, fields, noise, hyper)
         if not self.looped:
             member_loss = self._member_loss(phase)
             return vmap(member_loss, randomness="error")(tensors, fields, noise, hyper)
@@ -295,7 +353,8 @@ class FusedTrainer:
             hyper: Any,
         ) -> Any:
             batch = TorchBatch(**fields)
-            return functional_call(self._container, tensors, (phase, batch, noise, hyper))
+            with self._slots.swapped(tensors):
+                return self._container(phase, batch, noise, hyper)
 
         return member
 

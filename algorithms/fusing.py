@@ -123,6 +123,27 @@ class FusedSpec:
     """Key in :attr:`hyperparameters` of the Polyak rate."""
     restore: Callable[[Mapping[str, torch.Tensor]], None] | None = None
     """Sets the learner's carried metrics from the fused trainer's (``steps`` is set for it)."""
+    stacked: bool = False
+    """Whether the phases' losses are member-agnostic, so that they also run once on all K
+    members' stacked parameters without ``vmap`` (:class:`~offaug.algorithms.fused.FusedTrainer`
+    ``stacked``): every trained or target module then holds its parameters with a leading
+    member axis (its networks' layers run as ``baddbmm`` over it), the batch and noise carry
+    that axis too, every hyperparameter is a ``(K,)`` tensor, and the losses and metrics come
+    out ``(K,)``. Such a loss reduces over the batch with ``mean(-1)`` (the batch is the last
+    axis of a per-row vector), indexes critics from the end (``(..., E, B)``) and broadcasts a
+    hyperparameter against rows with :func:`per_member`."""
+
+
+def per_member(value: Any, like: torch.Tensor) -> Any:
+    """A hyperparameter shaped to broadcast against ``like``, member by member.
+
+    A float (a single-seed run) or a 0-d tensor (a member inside ``vmap``) as it is; a stacked
+    run's ``(K,)`` tensor as ``(K, 1, ..., 1)`` with ``like``'s number of axes, so that member
+    ``k``'s value meets member ``k``'s rows of a ``(K, B, ...)`` tensor.
+    """
+    if not torch.is_tensor(value) or value.dim() == 0:
+        return value
+    return value.view(value.shape[0], *([1] * (like.dim() - 1)))
 
 
 def config_hyperparameters(config: Any, names: tuple[str, ...]) -> dict[str, float]:

@@ -50,7 +50,7 @@ from offaug.algorithms.distributions import (
     ActionNormaliser,
     truncated_normal_log_prob,
 )
-from offaug.algorithms.fusing import FusedSpec, Hyper, OptimizerSpec, Phase
+from offaug.algorithms.fusing import FusedSpec, Hyper, OptimizerSpec, Phase, per_member
 from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.networks import LOG_STD_MAX, LOG_STD_MIN, MLP, CriticEnsemble
 from offaug.algorithms.statistics import ObservationNormaliser, observation_moments, reward_scale
@@ -109,6 +109,7 @@ def expectile_loss(
     difference: torch.Tensor, expectile: float | torch.Tensor, weights: torch.Tensor | None
 ) -> torch.Tensor:
     """``|tau - 1(u < 0)| * u^2`` of ``u = Q - V``, weighted mean over the batch: ``(B,) -> ()``."""
+    expectile = per_member(expectile, difference)
     asymmetry = torch.where(difference < 0, 1.0 - expectile, expectile)
     return weighted_mean(asymmetry * difference.pow(2), weights)
 
@@ -117,6 +118,7 @@ def advantage_weights(
     advantage: torch.Tensor, beta: float | torch.Tensor, max_weight: float | torch.Tensor
 ) -> torch.Tensor:
     """``min(exp(beta * A), max_weight)``, detached: ``(B,) -> (B,)``."""
+    beta, max_weight = per_member(beta, advantage), per_member(max_weight, advantage)
     return (beta * advantage.detach()).exp().clamp(max=max_weight)
 
 
@@ -166,7 +168,9 @@ class GaussianActor(nn.Module):
         if self.log_std is None:
             mean, log_std = out.chunk(2, dim=-1)
         else:
-            mean, log_std = out, self.log_std.expand_as(out)
+            # A stacked run's (K, A) log-std meets (K, B, A) rows.
+            log_std = self.log_std if self.log_std.dim() == 1 else self.log_std.unsqueeze(1)
+            mean, log_std = out, log_std.expand_as(out)
         return torch.tanh(mean), log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -257,8 +261,8 @@ class IQL:
             # V(s') apart, without a graph: in one pass with V(s) its rows would be back-propagated
             # too (as zeros).
             next_value = self.value(next_obs).squeeze(-1)
-            q_target = self.critic_target(obs, actions).min(0).values  # (B,)
-            rewards = batch.rewards * cfg["reward_scale"]
+            q_target = self.critic_target(obs, actions).min(-2).values  # (B,)
+            rewards = batch.rewards * per_member(cfg["reward_scale"], batch.rewards)
             target = td_target(rewards, batch.terminals, next_value, cfg["gamma"])
         advantage = q_target - value
         value_loss = expectile_loss(advantage, cfg["expectile"], weights)
@@ -271,8 +275,8 @@ class IQL:
             value=value_loss,
             critic=critic_loss,
             actor=actor_loss,
-            advantage=advantage.detach().mean(),
-            q_data=q_data.detach().mean(),
+            advantage=advantage.detach().mean(-1),
+            q_data=q_data.detach().mean((-2, -1)),
         )
 
     def update(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
@@ -321,6 +325,7 @@ class IQL:
             hyperparameters=self.hyperparameters(),
             metrics=("value_loss", "critic_loss", "actor_loss", "advantage", "q_data"),
             schedule=self._schedule if self.config.actor_lr_schedule == "cosine" else None,
+            stacked=True,
         )
 
     def _phase_loss(

@@ -15,13 +15,17 @@ from __future__ import annotations
 import torch
 
 from offaug.algorithms.base import weighted_mean
+from offaug.algorithms.fusing import per_member
 
 
 def td_target(
-    rewards: torch.Tensor, terminals: torch.Tensor, next_values: torch.Tensor, gamma: float
+    rewards: torch.Tensor,
+    terminals: torch.Tensor,
+    next_values: torch.Tensor,
+    gamma: float | torch.Tensor,
 ) -> torch.Tensor:
     """``r + gamma * (1 - terminal) * V(s')``: ``(B,) -> (B,)``. A timeout is not a terminal."""
-    return rewards + gamma * (1.0 - terminals) * next_values
+    return rewards + per_member(gamma, rewards) * (1.0 - terminals) * next_values
 
 
 def ensemble_td_loss(
@@ -29,9 +33,10 @@ def ensemble_td_loss(
 ) -> torch.Tensor:
     """Squared TD error summed over critics, weighted mean over the batch.
 
-    ``q_values`` ``(E, B)``, ``targets`` ``(B,)`` (no gradient).
+    ``q_values`` ``(E, B)``, ``targets`` ``(B,)`` (no gradient); critics are counted from the end,
+    so a stacked run's ``(K, E, B)`` and ``(K, B)`` give ``(K,)``.
     """
-    return weighted_mean((q_values - targets).pow(2).sum(0), weights)
+    return weighted_mean((q_values - targets.unsqueeze(-2)).pow(2).sum(-2), weights)
 
 
 def soft_actor_loss(

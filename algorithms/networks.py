@@ -71,12 +71,24 @@ class MLP(nn.Module):
         # than nn.Sequential with out-of-place ReLUs.
         for layer in self.net:
             if isinstance(layer, nn.Linear):
-                x = F.linear(x, layer.weight, layer.bias)
+                x = _linear(x, layer.weight, layer.bias)
             elif isinstance(layer, nn.ReLU):
                 x = x.relu_()
+            elif isinstance(layer, nn.LayerNorm) and layer.weight.dim() == 2:
+                # A stacked run's per-member affine (K, d) on (K, B, d) rows.
+                x = F.layer_norm(x, layer.normalized_shape, eps=layer.eps)
+                x = torch.addcmul(layer.bias.unsqueeze(1), x, layer.weight.unsqueeze(1))
             else:
                 x = layer(x)
         return x
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear``'s map; with a stacked run's weights ``(K, out, in)`` (a fused trainer's
+    ``stacked`` losses) member ``k``'s layer on rows ``x[k]``: one ``baddbmm``."""
+    if weight.dim() == 2:
+        return F.linear(x, weight, bias)
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
 
 class EnsembleLinear(nn.Module):
@@ -159,6 +171,8 @@ class EnsembleMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.affines()[0][0].dim() == 4:
+            return self._stacked(x)
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.members, -1, -1)  # (B, in) -> (E, B, in)
         if self.norms is None:
@@ -177,6 +191,20 @@ class EnsembleMLP(nn.Module):
                 x = norms[i].normalise(x.relu_())  # in place on baddbmm's fresh output
         return x
 
+    def _stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """A stacked fused run's K ensembles (weights ``(K, E, in, out)``) on each member's rows
+        ``(K, B, in)``, or ``(K, E, B, in)`` per critic: ``-> (K, E, B, out)``, the K * E
+        networks as one ``baddbmm`` per layer."""
+        if self.norms is not None:
+            raise ValueError("a stacked run cannot evaluate LayerNorm ensembles")
+        affines = self.affines()
+        members, critics = affines[0][0].shape[:2]
+        if x.dim() == 3:
+            x = x.unsqueeze(1).expand(-1, critics, -1, -1)
+        layers = [(w.flatten(0, 1), b.flatten(0, 1)) for w, b in affines]
+        out = ensemble_mlp(layers, x.flatten(0, 1))
+        return out.view(members, critics, *out.shape[1:])
+
     def affines(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's ``(weight (E, in, out), bias (E, 1, out))``, input layer first."""
         return [
@@ -184,11 +212,15 @@ class EnsembleMLP(nn.Module):
         ]
 
     def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """Member ``index`` alone: ``(B, in) -> (B, out)``, one ``addmm`` per layer."""
+        """Member ``index`` alone: ``(B, in) -> (B, out)``, one ``addmm`` per layer (a stacked
+        run's ``(K, B, in) -> (K, B, out)``, one ``baddbmm``)."""
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, EnsembleLinear)
-            x = torch.addmm(layer.bias[index], x, layer.weight[index])
+            # The ensemble axis is third from the end: (E, in, out), stacked (K, E, in, out).
+            weight, bias = layer.weight.select(-3, index), layer.bias.select(-3, index)
+            multiply = torch.addmm if weight.dim() == 2 else torch.baddbmm
+            x = multiply(bias, x, weight)
             if i < last:
                 x = x.relu_()
                 if self.norms is not None:

@@ -180,6 +180,8 @@ class ReBRAC(TD3BC):
 
     name = "rebrac"
     uses_next_actions = True
+    # Its LayerNorm ensembles and penalties run per member under vmap.
+    stacks_members = False
     fused_hyperparameters = (
         "actor_learning_rate",
         "critic_learning_rate",

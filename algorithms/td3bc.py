@@ -39,7 +39,7 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.distributions import ActionNormaliser
-from offaug.algorithms.fusing import FusedSpec, Hyper, OptimizerSpec, Phase, Randn
+from offaug.algorithms.fusing import FusedSpec, Hyper, OptimizerSpec, Phase, Randn, per_member
 from offaug.algorithms.losses import ensemble_td_loss, td_target
 from offaug.algorithms.networks import CriticEnsemble, DeterministicActor
 from offaug.algorithms.statistics import ObservationNormaliser, observation_moments
@@ -115,6 +115,7 @@ def smoothed_actions(
     actions: torch.Tensor, noise: torch.Tensor, sigma: float, clip: float
 ) -> torch.Tensor:
     """TD3's target policy smoothing: ``clip(a + clip(sigma * noise, -c, c), -1, 1)``."""
+    sigma, clip = per_member(sigma, noise), per_member(clip, noise)
     return (actions + (sigma * noise).clamp(-clip, clip)).clamp(-1.0, 1.0)
 
 
@@ -124,7 +125,7 @@ def q_normaliser(q_policy: torch.Tensor) -> torch.Tensor:
     Unweighted: it measures the critic's scale, so per-sample weights scale both terms of the
     actor's loss alike.
     """
-    return 1.0 / q_policy.detach().abs().mean().clamp_min(1e-6)
+    return 1.0 / q_policy.detach().abs().mean(-1).clamp_min(1e-6)
 
 
 def td3bc_actor_loss(
@@ -153,6 +154,8 @@ class TD3BC:
     name = "td3bc"
     uses_next_actions = False
     """Whether batches must carry ``next_actions`` (``MixtureSampler(next_actions=True)``)."""
+    stacks_members = True
+    """Whether a fused run may run the losses on stacked parameters (``FusedSpec.stacked``)."""
     fused_hyperparameters: tuple[str, ...] = (
         "actor_learning_rate",
         "critic_learning_rate",
@@ -220,7 +223,7 @@ class TD3BC:
         self, next_obs: torch.Tensor, next_actions: torch.Tensor, batch: TorchBatch, hyper: Hyper
     ) -> torch.Tensor:
         """``min_e Q_target_e(s', a')`` of the smoothed target actions: ``(B,)``."""
-        return self.critic_target(next_obs, next_actions).min(0).values
+        return self.critic_target(next_obs, next_actions).min(-2).values
 
     def _actor_losses(
         self,
@@ -250,7 +253,7 @@ class TD3BC:
             target = td_target(batch.rewards, batch.terminals, next_values, hyper["gamma"])
         q_data = self.critic(obs, actions)  # (E, B)
         loss = ensemble_td_loss(q_data, target, batch.weights)
-        return loss, {"critic_loss": loss.detach(), "q_data": q_data.detach().mean()}
+        return loss, {"critic_loss": loss.detach(), "q_data": q_data.detach().mean((-2, -1))}
 
     def actor_loss(
         self, batch: TorchBatch, noise: Mapping[str, torch.Tensor], hyper: Hyper
@@ -323,6 +326,7 @@ class TD3BC:
             noise=self.draw_noise,
             carried=self._actor_metrics,
             restore=self._restore_actor_metrics,
+            stacked=self.stacks_members,
         )
 
     def _restore_actor_metrics(self, metrics: Mapping[str, torch.Tensor]) -> None:

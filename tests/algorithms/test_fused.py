@@ -1,12 +1,7 @@
 """Fused training: K seeds in one batched network agree with K single-seed runs.
 
-A member's batches and initial parameters are those of the single-seed run of its seed, exactly.
-After training they agree to 1e-5 relative, not bit for bit: the fused members' layers run as
-batched matrix multiplies (``bmm`` over the member axis), which round differently from the
-single run's ``addmm``, and the Adam step is the fused trainer's own (same formula, other
-rounding). Adam's moments follow the latest gradients, which a rounding-level difference moves
-more (a ReLU input or a minimum over critics that flips between the two runs), so they are held
-to :data:`MOMENT_TOLERANCE`.
+A member's batches and initial parameters are those of the single-seed run of its seed, exactly;
+after training they agree to the tolerances of :mod:`tests.algorithms.fused_runs`.
 """
 
 from __future__ import annotations
@@ -21,7 +16,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from offaug.algorithms.base import Trainer
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.fused import FusedTrainer, stack_batches
 from offaug.algorithms.train import TrainOptions, load_trainer, train
@@ -32,27 +26,16 @@ from offaug.datasets.sampler import stack_numpy
 from offaug.pipeline.layout import AugmentedRef, DatasetRef
 from offaug.pipeline.stages import train_offline, train_offline_fused
 from offaug.pipeline.workflow import EvaluationModel, TrainModel
+from tests.algorithms.fused_runs import (
+    SMALL,
+    TOLERANCE,
+    assert_states_close,
+    fused_and_single_runs,
+    parameters,
+)
 
-SMALL: dict[str, dict[str, Any]] = {
-    "bc": {"hidden": [32, 32], "batch_size": 32},
-    "td3bc": {"hidden": [32, 32], "batch_size": 32},
-    "iql": {"hidden": [32, 32], "batch_size": 32, "actor_lr_decay_steps": 30},
-    "rebrac": {"hidden": [32, 32], "batch_size": 32},
-    "cql": {"hidden": [32, 32], "batch_size": 32, "n_action_samples": 4},
-    "bcq": {
-        "actor_hidden": [32, 32],
-        "critic_hidden": [32, 32],
-        "vae_hidden": [32, 32],
-        "batch_size": 32,
-        "n_action_samples": 4,
-    },
-    "discrete_cql": {"hidden": [32, 32], "batch_size": 32, "target_update_interval": 5},
-    "discrete_bcq": {"hidden": [32, 32], "batch_size": 32, "target_update_interval": 5},
-}
 DISCRETE = ("discrete_cql", "discrete_bcq")
 SEEDS = (0, 1, 2)
-TOLERANCE = 1e-5
-MOMENT_TOLERANCE = 1e-2
 
 
 @pytest.fixture
@@ -62,41 +45,6 @@ def data(make_test_dataset, algorithm: str) -> Transitions:
     return load_transitions(make_test_dataset(kind, "hdf5").dataset_id)
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-def _assert_states_close(fused: Any, single: Any, path: str = "") -> None:
-    """Every tensor of two state dicts within :data:`TOLERANCE` relative; the rest equal."""
-    if isinstance(single, torch.Tensor):
-        assert fused.shape == single.shape, path
-        tolerance = MOMENT_TOLERANCE if "optimizer/state" in path else TOLERANCE
-        assert _relative(fused, single) <= tolerance, (path, _relative(fused, single))
-    elif isinstance(single, dict):
-        assert fused.keys() == single.keys(), path
-        for key in single:
-            _assert_states_close(fused[key], single[key], f"{path}/{key}")
-    elif isinstance(single, float):
-        assert fused == pytest.approx(single, rel=TOLERANCE), path
-    elif isinstance(single, list | tuple):
-        assert len(fused) == len(single), path
-        for i, (x, y) in enumerate(zip(fused, single, strict=True)):
-            _assert_states_close(x, y, f"{path}[{i}]")
-    else:
-        assert fused == single, path
-
-
-def _parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
-    state = trainer.state_dict()
-    return {
-        f"{name}.{key}": value.clone()
-        for name, part in state.items()
-        if isinstance(part, dict) and "optimizer" not in name and name != "actor_metrics"
-        for key, value in part.items()
-    }
-
-
 @pytest.mark.parametrize("algorithm", list(SMALL))
 def test_members_start_and_sample_as_single_runs(data: Transitions, algorithm: str) -> None:
     options = TrainOptions(steps=3)
@@ -104,7 +52,7 @@ def test_members_start_and_sample_as_single_runs(data: Transitions, algorithm: s
     fused = build_members(algorithm, [data], SEEDS, configs, options)
     for k, seed in enumerate(SEEDS):
         single = build_members(algorithm, [data], [seed], configs[:1], options)
-        first, other = _parameters(fused.trainers[k]), _parameters(single.trainers[0])
+        first, other = parameters(fused.trainers[k]), parameters(single.trainers[0])
         assert first.keys() == other.keys()
         assert all(torch.equal(first[n], other[n]) for n in first)
         for _ in range(3):
@@ -157,7 +105,7 @@ def test_fused_run_matches_single_seed_runs(
             options=dataclasses.replace(options, seed=seed),
         )
         mine, theirs = load_trainer(run.checkpoint), load_trainer(single.checkpoint)
-        _assert_states_close(mine.state_dict(), theirs.state_dict())
+        assert_states_close(mine.state_dict(), theirs.state_dict())
         assert run.last_evaluation is not None and single.last_evaluation is not None
         np.testing.assert_allclose(
             run.last_evaluation.returns, single.last_evaluation.returns, rtol=TOLERANCE
@@ -179,47 +127,21 @@ def test_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> N
     configs = member_configs("td3bc", config, 2)
     assert [c["actor_learning_rate"] for c in configs] == [3e-4, 0.0]
     built = build_members("td3bc", [hopper], (0, 1), configs, TrainOptions())
-    still = _parameters(built.trainers[1])
+    still = parameters(built.trainers[1])
     fused = FusedTrainer(built.trainers, built.generators, (0, 1))
     pairs = [[s.sample() for s in built.samplers] for _ in range(4)]
     metrics = [fused.update(TorchBatch.from_batch(stack_numpy(pair))) for pair in pairs]
     assert fused.member(1).config.alpha == 10.0
     # A zero learning rate leaves member 1's actor where it started; its critics learn.
-    after = _parameters(fused.member(1))
+    after = parameters(fused.member(1))
     assert all(torch.equal(after[n], still[n]) for n in after if n.startswith("actor."))
     assert not torch.equal(after["critic.net.layers.0.weight"], still["critic.net.layers.0.weight"])
     # Member 0 is its single-seed run with the first values.
     single = build_members("td3bc", [hopper], (0,), configs[:1], TrainOptions())
     for pair in pairs:
         single.trainers[0].update(TorchBatch.from_batch(pair[0]))
-    _assert_states_close(fused.member_state_dict(0), single.trainers[0].state_dict())
+    assert_states_close(fused.member_state_dict(0), single.trainers[0].state_dict())
     assert metrics[-1]["critic_loss"].shape == (2,)
-
-
-def _fused_and_single_runs(
-    algorithm: str,
-    sources: list[list[Transitions]],
-    configs: list[dict[str, Any]],
-    steps: int,
-    looped: bool | None = None,
-) -> tuple[FusedTrainer, list[Trainer], dict[str, torch.Tensor]]:
-    """``steps`` fused updates of one member per (sources, config), seeds 0, 1, ..., and each
-    member's single-seed run on the same batches (each run built right before it trains, so
-    it draws its noise from the global generator as ``train`` would); the last fused metrics."""
-    seeds = tuple(range(len(configs)))
-    built = build_members(algorithm, sources, seeds, configs, TrainOptions())
-    fused = FusedTrainer(built.trainers, built.generators, seeds, looped=looped)
-    batches = [[s.sample() for s in built.samplers] for _ in range(steps)]
-    metrics: dict[str, torch.Tensor] = {}
-    for step in batches:
-        metrics = fused.update(TorchBatch.from_batch(stack_numpy(step)))
-    singles = []
-    for k, seed in enumerate(seeds):
-        single = build_members(algorithm, sources[k], (seed,), configs[k : k + 1], TrainOptions())
-        for step in batches:
-            single.trainers[0].update(TorchBatch.from_batch(step[k]))
-        singles.append(single.trainers[0])
-    return fused, singles, metrics
 
 
 @pytest.mark.parametrize(
@@ -235,10 +157,10 @@ def _fused_and_single_runs(
 )
 def test_cql_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[str, Any]) -> None:
     configs = member_configs("cql", {**SMALL["cql"], **overrides}, 2)
-    fused, singles, _ = _fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
+    fused, singles, _ = fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
     assert fused.frozen == []
     for k, single in enumerate(singles):
-        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
 @pytest.mark.parametrize("looped", [False, True], ids=["vmap", "looped"])
@@ -249,13 +171,13 @@ def test_looped_and_vmapped_losses_both_match_single_runs(
     """The CPU's looped member losses (CQL's and BCQ's default there) and vmap's (the default
     elsewhere) train each member as its single-seed run, with one fused backward and Adam."""
     configs = member_configs(algorithm, SMALL[algorithm], 2)
-    fused, singles, metrics = _fused_and_single_runs(
+    fused, singles, metrics = fused_and_single_runs(
         algorithm, [[hopper]] * 2, configs, 20, looped=looped
     )
     assert fused.looped is looped and fused.frozen == []
     assert all(value.shape == (2,) for value in metrics.values())
     for k, single in enumerate(singles):
-        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
 def test_cql_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> None:
@@ -275,14 +197,14 @@ def test_cql_per_member_hyperparameters_reach_their_member(hopper: Transitions) 
         "tau": [0.005, 0.05],
     }
     configs = member_configs("cql", config, 2)
-    fused, singles, _ = _fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
+    fused, singles, _ = fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
     first, second = fused.member(0), fused.member(1)
     assert second.config.conservative_weight == 1.0 and second.config.gamma == 0.9
     assert float(second.log_alpha.detach()) == pytest.approx(np.log(2.0), abs=1e-7)
     assert float(second.log_temperature.detach()) == pytest.approx(np.log(0.5), abs=1e-7)
     assert float(first.log_alpha.detach()) != 0.0 != float(first.log_temperature.detach())
     for k, single in enumerate(singles):
-        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
 @pytest.mark.parametrize(
@@ -293,11 +215,11 @@ def test_cql_per_member_hyperparameters_reach_their_member(hopper: Transitions) 
 def test_bcq_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[str, Any]) -> None:
     """Phases that start late and skip steps draw (and step) only when their single run does."""
     configs = member_configs("bcq", {**SMALL["bcq"], **overrides}, 2)
-    fused, singles, metrics = _fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
+    fused, singles, metrics = fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
     assert fused.frozen == []
     assert torch.isfinite(metrics["actor_loss"]).all()
     for k, single in enumerate(singles):
-        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
 def test_bcq_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> None:
@@ -315,18 +237,18 @@ def test_bcq_per_member_hyperparameters_reach_their_member(hopper: Transitions) 
         "beta": [0.5, 2.0],
     }
     configs = member_configs("bcq", config, 2)
-    start = _parameters(
+    start = parameters(
         build_members("bcq", [hopper], (1,), configs[1:], TrainOptions()).trainers[0]
     )
-    fused, singles, _ = _fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
+    fused, singles, _ = fused_and_single_runs("bcq", [[hopper]] * 2, configs, 20)
     second = fused.member(1)
     assert second.config.action_flexibility == 0.2 and second.config.beta == 2.0
-    after = _parameters(second)
+    after = parameters(second)
     still = [n for n in after if n.split(".")[0] in ("vae", "actor", "actor_target")]
     assert still and all(torch.equal(after[n], start[n]) for n in still)
     assert not torch.equal(after["critic.net.layers.0.weight"], start["critic.net.layers.0.weight"])
     for k, single in enumerate(singles):
-        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
 @pytest.mark.parametrize("algorithm", DISCRETE)
@@ -344,16 +266,16 @@ def test_discrete_per_member_hyperparameters_reach_their_member(
     }
     configs = member_configs(algorithm, config, 2)
     built = build_members(algorithm, [data], (0, 1), configs, TrainOptions())
-    starts = [_parameters(trainer) for trainer in built.trainers]
-    fused, singles, _ = _fused_and_single_runs(algorithm, [[data]] * 2, configs, 12)
+    starts = [parameters(trainer) for trainer in built.trainers]
+    fused, singles, _ = fused_and_single_runs(algorithm, [[data]] * 2, configs, 12)
     second = fused.member(1)
     assert getattr(second.config, other) == 0.25 and second.config.gamma == 0.9
-    after = _parameters(second)
+    after = parameters(second)
     assert all(torch.equal(after[n], starts[1][n]) for n in after)
-    moved = _parameters(fused.member(0))
+    moved = parameters(fused.member(0))
     assert all(not torch.equal(moved[n], starts[0][n]) for n in moved if "weight" in n)
     for k, single in enumerate(singles):
-        _assert_states_close(fused.member_state_dict(k), single.state_dict())
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
 @pytest.mark.parametrize("algorithm", ["td3bc", "cql", "bcq", "discrete_bcq"])
@@ -363,16 +285,16 @@ def test_a_nan_member_stops_alone(data: Transitions, algorithm: str) -> None:
         # Its VAE steps before its critics: NaN actions break the first phase too.
         broken = dataclasses.replace(broken, actions=np.full_like(data.actions, np.nan))
     configs = member_configs(algorithm, SMALL[algorithm], 2)
-    start = _parameters(
+    start = parameters(
         build_members(algorithm, [broken], (1,), configs[:1], TrainOptions()).trainers[0]
     )
-    fused, singles, metrics = _fused_and_single_runs(algorithm, [[data], [broken]], configs, 6)
+    fused, singles, metrics = fused_and_single_runs(algorithm, [[data], [broken]], configs, 6)
     assert fused.frozen == [1]
     loss = metrics["loss" if algorithm in DISCRETE else "critic_loss"]
     assert torch.isnan(loss[1]) and torch.isfinite(loss[0])
-    frozen = _parameters(fused.member(1))
+    frozen = parameters(fused.member(1))
     assert all(torch.equal(frozen[n], start[n]) for n in frozen)
-    _assert_states_close(fused.member_state_dict(0), singles[0].state_dict())
+    assert_states_close(fused.member_state_dict(0), singles[0].state_dict())
 
 
 def test_member_configs_refuse_lists_that_change_shapes() -> None:
@@ -409,7 +331,7 @@ def test_resume_continues_every_member(data: Transitions, tmp_path: Path, algori
     )
     for mine, theirs in zip(resumed.runs, whole.runs, strict=True):
         a, b = load_trainer(mine.checkpoint), load_trainer(theirs.checkpoint)
-        _assert_states_close(a.state_dict(), b.state_dict())
+        assert_states_close(a.state_dict(), b.state_dict())
         steps = [
             json.loads(x)["step"] for x in (mine.out / "metrics.jsonl").read_text().splitlines()
         ]

@@ -1,0 +1,108 @@
+"""Stacked fused losses: the member-agnostic learners run once on all members' parameters.
+
+BC (continuous), TD3+BC and IQL declare ``FusedSpec.stacked``: without ``vmap`` their losses
+see every module's parameters with a leading member axis. Each member must still train as its
+single-seed run, read its own hyperparameters, and fall back to ``vmap`` where its buffers
+differ from the others'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from offaug.algorithms.fused import FusedTrainer
+from offaug.algorithms.fusing import per_member
+from offaug.algorithms.train import TrainOptions
+from offaug.algorithms.train_fused import build_members, member_configs
+from offaug.datasets import Transitions
+from tests.algorithms.fused_runs import SMALL, assert_states_close, fused_and_single_runs
+
+STACKED = {
+    "bc-gaussian": ("bc", {"policy": "gaussian"}),
+    "bc-deterministic": ("bc", {"policy": "deterministic"}),
+    "td3bc": ("td3bc", {}),
+    "iql": ("iql", {}),
+    "iql-learned-std": ("iql", {"log_std": "learned"}),
+}
+
+
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "vmap"])
+@pytest.mark.parametrize("learner", list(STACKED))
+def test_stacked_and_vmapped_losses_both_match_single_runs(
+    hopper: Transitions, learner: str, stacked: bool
+) -> None:
+    algorithm, overrides = STACKED[learner]
+    configs = member_configs(algorithm, {**SMALL[algorithm], **overrides}, 2)
+    fused, singles, metrics = fused_and_single_runs(
+        algorithm, [[hopper]] * 2, configs, 20, stacked=stacked
+    )
+    assert fused.stacked is stacked and fused.frozen == []
+    assert all(value.shape == (2,) for value in metrics.values())
+    for k, single in enumerate(singles):
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+PER_MEMBER: dict[str, dict[str, Any]] = {
+    "td3bc": {
+        "gamma": [0.99, 0.9],
+        "tau": [0.005, 0.05],
+        "policy_noise": [0.2, 0.5],
+        "noise_clip": [0.5, 0.1],
+        "alpha": [2.5, 10.0],
+        "critic_learning_rate": [3e-4, 1e-3],
+    },
+    "iql": {
+        "gamma": [0.99, 0.9],
+        "expectile": [0.7, 0.9],
+        "beta": [3.0, 0.5],
+        "max_weight": [100.0, 2.0],
+        "value_learning_rate": [3e-4, 1e-3],
+    },
+}
+
+
+@pytest.mark.parametrize("algorithm", list(PER_MEMBER))
+def test_stacked_members_read_their_own_hyperparameters(
+    hopper: Transitions, algorithm: str
+) -> None:
+    """Each member differs in every float its losses read; each is the single run of its
+    config (a hyperparameter broadcast against the wrong member's rows would not be)."""
+    configs = member_configs(algorithm, {**SMALL[algorithm], **PER_MEMBER[algorithm]}, 2)
+    fused, singles, _ = fused_and_single_runs(algorithm, [[hopper]] * 2, configs, 20)
+    assert fused.stacked
+    for k, single in enumerate(singles):
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
+
+
+def test_members_with_their_own_statistics_fall_back_to_vmap(hopper: Transitions) -> None:
+    """TD3+BC standardises observations by its own data's moments: members on different data
+    have different buffers, which one stacked loss cannot read."""
+    bounds = hopper.episode_bounds()
+    own = [[hopper, hopper.slice(0, int(bounds[2]))], [hopper, hopper.slice(0, int(bounds[4]))]]
+    configs = member_configs("td3bc", SMALL["td3bc"], 2)
+    built = build_members("td3bc", own, (0, 1), configs, TrainOptions(mixing=(0.5, 0.5)))
+    assert not FusedTrainer(built.trainers, built.generators, (0, 1)).stacked
+    with pytest.raises(ValueError, match="cannot train stacked"):
+        FusedTrainer(built.trainers, built.generators, (0, 1), stacked=True)
+
+
+def test_learners_without_member_agnostic_losses_refuse_stacking(hopper: Transitions) -> None:
+    configs = member_configs("rebrac", SMALL["rebrac"], 2)
+    built = build_members("rebrac", [hopper], (0, 1), configs, TrainOptions())
+    assert not FusedTrainer(built.trainers, built.generators, (0, 1)).stacked
+    with pytest.raises(ValueError, match="cannot train stacked"):
+        FusedTrainer(built.trainers, built.generators, (0, 1), stacked=True)
+
+
+def test_per_member_broadcasts_a_stacked_value_against_its_members_rows() -> None:
+    rows = torch.zeros(3, 4, 2)
+    value = torch.tensor([1.0, 2.0, 3.0])
+    shaped = per_member(value, rows)
+    assert shaped.shape == (3, 1, 1)
+    assert torch.equal((rows + shaped)[:, 2, 1], value)
+    assert per_member(0.5, rows) == 0.5
+    scalar = torch.tensor(0.5)
+    assert per_member(scalar, rows) is scalar
