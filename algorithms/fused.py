@@ -261,20 +261,16 @@ class FusedTrainer:
         self.carried = {
             name: torch.stack([s.carried[name] for s in specs]).to(device) for name in spec.carried
         }
-        # The stacked losses read one copy of each buffer: the members' must agree.
-        shared = {
-            key: all(torch.equal(value[0], other) for other in value[1:])
-            for key, value in self.buffers.items()
-        }
+        self._row_buffers = _row_buffers(self.buffers)
+        can_stack = spec.stacked and not looped and self._row_buffers is not None
         if stacked is None:
-            stacked = spec.stacked and not looped and all(shared.values())
-        if stacked and not (spec.stacked and not looped and all(shared.values())):
+            stacked = can_stack
+        if stacked and not can_stack:
             raise ValueError(
                 f"{type(trainers[0]).__name__} cannot train stacked here: its losses are not"
-                " member-agnostic, they are looped, or its members' buffers differ"
+                " member-agnostic, they are looped, or its members' scalar buffers differ"
             )
         self.stacked = stacked
-        self._shared_buffers = {key: value[0] for key, value in self.buffers.items()}
         self.active = torch.ones(self.members, dtype=torch.bool, device=device)
         self.steps = int(getattr(trainers[0], "steps", 0))
         self.member_steps = torch.full((self.members,), self.steps, device=device)
@@ -284,7 +280,8 @@ class FusedTrainer:
 
     def _phase_inputs(self, phase: Phase) -> dict[str, torch.Tensor]:
         trained = {self.spec.optimizers[o].module for o in phase.optimizers}
-        tensors = dict(self._shared_buffers if self.stacked else self.buffers)
+        rows = self._row_buffers
+        tensors = dict(rows if self.stacked and rows is not None else self.buffers)
         for module, flat in self.flats.items():
             source = flat.leaves if module in trained else flat.views
             tensors.update({f"parts.{module}.{name}": t for name, t in source.items()})
@@ -425,6 +422,22 @@ class FusedTrainer:
         """What member ``index``'s single-seed trainer's ``state_dict`` would be."""
         state: dict[str, Any] = self.member(index).state_dict()
         return state
+
+
+def _row_buffers(buffers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The stacked buffers ``(K, ...)`` as a stacked loss reads them: one copy where every
+    member's is the same (normalisers of one dataset), else ``(K, 1, ...)``, which meets
+    member ``k``'s rows of a ``(K, B, ...)`` batch (the statistics of each seed's own data);
+    None if a per-member scalar differs (it would meet the rows' axis, not the members')."""
+    rows: dict[str, torch.Tensor] = {}
+    for key, value in buffers.items():
+        if all(torch.equal(value[0], other) for other in value[1:]):
+            rows[key] = value[0]
+        elif value.dim() > 1:
+            rows[key] = value.unsqueeze(1)
+        else:
+            return None
+    return rows
 
 
 def _spec(trainer: Trainer) -> FusedSpec:

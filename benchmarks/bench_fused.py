@@ -9,8 +9,9 @@ against d3rlpy 2.8 on the same data in the same process. All sides are interleav
 one CPU thread, median of repeats. Each record carries the matmul floor of the K-member update
 (the update's ``mm/addmm/bmm/baddbmm`` shapes run back to back, ``_common.plain_matmuls``)
 as a per-seed rate, and the fused rate's share of it. On the CPU CQL and BCQ loop their members'
-losses (``FusedTrainer.looped``: K plain multiplies beat vmap's batched one at their sizes);
-their K = 5 records also carry the vmapped rate (``vmapped_steps_per_s_per_seed``).
+losses (``FusedTrainer.looped``: K plain multiplies beat vmap's batched one at their sizes); BC,
+TD3+BC and IQL run theirs once on the stacked parameters (``FusedTrainer.stacked``). Both kinds'
+K = 5 records also carry the vmapped rate (``vmapped_steps_per_s_per_seed``).
 
 Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x, CQL and BCQ
 1.3x (they score thousands of sampled actions a step, so their single runs are closer to the
@@ -62,6 +63,7 @@ def _fused(
     data: Any,
     members: int,
     looped: bool | None = None,
+    stacked: bool | None = None,
 ) -> Any:
     import torch
 
@@ -76,7 +78,8 @@ def _fused(
         samplers.append(make_sampler(trainer, [data], seed=seed))
         trainers.append(trainer)
         generators.append(member_generator(seed, torch.device("cpu")))
-    return FusedTrainer(trainers, generators, list(range(members)), looped=looped), samplers
+    fused = FusedTrainer(trainers, generators, list(range(members)), looped=looped, stacked=stacked)
+    return fused, samplers
 
 
 def _fused_block(fused: Any, samplers: list[Any], steps: int) -> float:
@@ -130,10 +133,13 @@ def _measure(
         "d3rlpy": lambda: d3rlpy_update_block(algo, dataset, batch, steps),
         **{f"fused_{k}": (lambda k=k: _fused_block(*fused[k], steps)) for k in members},
     }
-    if name in SAMPLING:
-        # The CPU loops these learners' member losses (FusedTrainer.looped); vmap's batched
-        # multiplies at the goal's K, for comparison.
-        vmapped = _fused(name, hidden, batch, spaces, data, GOAL_MEMBERS, looped=False)
+    goal_run = fused.get(GOAL_MEMBERS, (None,))[0]
+    if goal_run is not None and (goal_run.looped or goal_run.stacked):
+        # The CPU loops CQL's and BCQ's member losses (FusedTrainer.looped) and runs BC's,
+        # TD3+BC's and IQL's once on stacked parameters; vmap at the goal's K, for comparison.
+        vmapped = _fused(
+            name, hidden, batch, spaces, data, GOAL_MEMBERS, looped=False, stacked=False
+        )
         sides["vmapped"] = lambda: _fused_block(*vmapped, steps)
     for side in sides.values():
         side()  # warm up
@@ -157,6 +163,7 @@ def _measure(
                 "notes": "one CPU thread; interleaved blocks; median of repeats",
                 "absolute": {
                     "looped_member_losses": fused[k][0].looped,
+                    "stacked_member_losses": fused[k][0].stacked,
                     **(
                         {
                             "vmapped_steps_per_s_per_seed": k

@@ -2,8 +2,7 @@
 
 BC (continuous), TD3+BC and IQL declare ``FusedSpec.stacked``: without ``vmap`` their losses
 see every module's parameters with a leading member axis. Each member must still train as its
-single-seed run, read its own hyperparameters, and fall back to ``vmap`` where its buffers
-differ from the others'.
+single-seed run, read its own hyperparameters and its own data's statistics.
 """
 
 from __future__ import annotations
@@ -13,11 +12,13 @@ from typing import Any
 import pytest
 import torch
 
+from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.fused import FusedTrainer
 from offaug.algorithms.fusing import per_member
 from offaug.algorithms.train import TrainOptions
 from offaug.algorithms.train_fused import build_members, member_configs
 from offaug.datasets import Transitions
+from offaug.datasets.sampler import stack_numpy
 from tests.algorithms.fused_runs import SMALL, assert_states_close, fused_and_single_runs
 
 STACKED = {
@@ -77,16 +78,30 @@ def test_stacked_members_read_their_own_hyperparameters(
         assert_states_close(fused.member_state_dict(k), single.state_dict())
 
 
-def test_members_with_their_own_statistics_fall_back_to_vmap(hopper: Transitions) -> None:
-    """TD3+BC standardises observations by its own data's moments: members on different data
-    have different buffers, which one stacked loss cannot read."""
+@pytest.mark.parametrize("algorithm", ["td3bc", "iql"])
+def test_members_on_their_own_data_stack_with_their_own_statistics(
+    hopper: Transitions, algorithm: str
+) -> None:
+    """TD3+BC and IQL standardise observations by their data's moments: members that each mix
+    the data with their own second set (a workflow's seeds, each with its own rollouts) read
+    their own moments, and each trains as its single run on that pair."""
     bounds = hopper.episode_bounds()
     own = [[hopper, hopper.slice(0, int(bounds[2]))], [hopper, hopper.slice(0, int(bounds[4]))]]
-    configs = member_configs("td3bc", SMALL["td3bc"], 2)
-    built = build_members("td3bc", own, (0, 1), configs, TrainOptions(mixing=(0.5, 0.5)))
-    assert not FusedTrainer(built.trainers, built.generators, (0, 1)).stacked
-    with pytest.raises(ValueError, match="cannot train stacked"):
-        FusedTrainer(built.trainers, built.generators, (0, 1), stacked=True)
+    configs = member_configs(algorithm, SMALL[algorithm], 2)
+    options = TrainOptions(mixing=(0.5, 0.5))
+    built = build_members(algorithm, own, (0, 1), configs, options)
+    fused = FusedTrainer(built.trainers, built.generators, (0, 1))
+    assert fused.stacked
+    moments = fused.buffers["parts.observation_normaliser.mean"]
+    assert not torch.equal(moments[0], moments[1])
+    batches = [[s.sample() for s in built.samplers] for _ in range(20)]
+    for pair in batches:
+        fused.update(TorchBatch.from_batch(stack_numpy(pair)))
+    for k, seed in enumerate((0, 1)):
+        single = build_members(algorithm, own[k], (seed,), configs[k : k + 1], options)
+        for pair in batches:
+            single.trainers[0].update(TorchBatch.from_batch(pair[k]))
+        assert_states_close(fused.member_state_dict(k), single.trainers[0].state_dict())
 
 
 def test_learners_without_member_agnostic_losses_refuse_stacking(hopper: Transitions) -> None:
