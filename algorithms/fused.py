@@ -100,6 +100,8 @@ class _Adam:
         self.exp_avg_sq = torch.zeros_like(group.flat)
         self.steps = torch.zeros(len(modules), 1, dtype=torch.float64, device=group.flat.device)
         self._moments = (group.split(self.exp_avg), group.split(self.exp_avg_sq))
+        # The step count as torch's fused kernel reads it, while every member's is the same.
+        self._kernel_step = torch.zeros((), device=group.flat.device)
         # A resumed member's optimiser state (torch's Adam layout) continues here.
         for k, (optimizer, module) in enumerate(zip(optimizers, modules, strict=True)):
             for name, parameter in module.named_parameters():
@@ -109,14 +111,46 @@ class _Adam:
                     self._moments[1][name][k].copy_(state["exp_avg_sq"])
                     self.steps[k] = float(state["step"])
 
+        self._steps_agree = bool((self.steps == self.steps[0]).all())
+        self._kernel_step.fill_(float(self.steps[0, 0]))
+
     @torch.no_grad()
     def step(
-        self, grad: torch.Tensor, lr: torch.Tensor, active: torch.Tensor, all_active: bool
+        self,
+        grad: torch.Tensor,
+        lr: torch.Tensor,
+        active: torch.Tensor,
+        all_active: bool,
+        uniform_lr: float | None = None,
     ) -> None:
         """One Adam step of the members where ``active`` (``(K, 1)`` bool); the others stay.
 
-        ``all_active`` (known without a device sync) takes the in-place path.
+        ``all_active`` (known without a device sync) takes the in-place path; with
+        ``uniform_lr`` (every member's rate, when they are one number) and step counts that
+        agree, torch's fused Adam kernel, as the single-seed runs' optimisers step.
         """
+        if not all_active:
+            self._steps_agree = False
+        else:
+            self._kernel_step += 1
+        if all_active and uniform_lr is not None and self._steps_agree:
+            self.steps += 1
+            torch._fused_adam_(
+                [self.group.flat],
+                [grad],
+                [self.exp_avg],
+                [self.exp_avg_sq],
+                [],
+                [self._kernel_step],
+                amsgrad=False,
+                lr=uniform_lr,
+                beta1=self.beta1,
+                beta2=self.beta2,
+                weight_decay=0.0,
+                eps=self.eps,
+                maximize=False,
+            )
+            return
         self.steps = self.steps + active
         # Bias corrections in float64, as torch's Adam takes them on the host.
         dtype = self.group.flat.dtype
@@ -258,6 +292,10 @@ class FusedTrainer:
             for name in spec.hyperparameters
         }
         self._hyper_values = [dict(s.hyperparameters) for s in specs]
+        self._uniform_rates = {
+            o.learning_rate: len({s.hyperparameters[o.learning_rate] for s in specs}) == 1
+            for o in spec.optimizers.values()
+        }
         self.carried = {
             name: torch.stack([s.carried[name] for s in specs]).to(device) for name in spec.carried
         }
@@ -372,8 +410,11 @@ class FusedTrainer:
             count = len(group.names)
             grad = group.join(parts[start : start + count])
             start += count
-            lr = hyper[self.spec.optimizers[name].learning_rate]
-            self.adams[name].step(grad, lr, active, all_active)
+            key = self.spec.optimizers[name].learning_rate
+            lr = hyper[key]
+            # Members with one rate (the same config, the same schedule) take the fused kernel.
+            uniform = float(lr[0]) if all_active and self._uniform_rates[key] else None
+            self.adams[name].step(grad, lr, active, all_active, uniform)
         with torch.no_grad():
             for target in phase.targets:
                 weight = (hyper[self.spec.tau] * self.active)[:, None]
