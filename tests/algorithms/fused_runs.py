@@ -104,3 +104,14 @@ def fused_and_single_runs(
             single.trainers[0].update(TorchBatch.from_batch(step[k]))
         singles.append(single.trainers[0])
     return fused, singles, metrics
+
+
+def assert_members_match(
+    fused: FusedTrainer, singles: list[Trainer], metrics: dict[str, torch.Tensor]
+) -> None:
+    """No member frozen, one value per member in every metric, and each member's state that of
+    its single-seed run."""
+    assert fused.frozen == []
+    assert all(value.shape == (len(singles),) for value in metrics.values())
+    for k, single in enumerate(singles):
+        assert_states_close(fused.member_state_dict(k), single.state_dict())
