@@ -39,7 +39,6 @@ from offaug.algorithms.base import (
     load_checkpoint,
     save_checkpoint,
     to_tensor,
-    weighted_mean,
 )
 from offaug.algorithms.networks import EnsembleMLP
 from offaug.datasets.transitions import Source, Transitions
@@ -161,7 +160,8 @@ class DynamicsEnsemble:
             terminal_logit, tensors["terminals"][rows], reduction="none"
         )
         bounds = 0.01 * (self.max_log_var.sum() - self.min_log_var.sum())
-        return weighted_mean(nll + terminal, None) + bounds
+        # Over every member's bootstrap rows, (E, B): the members' losses summed, scaled by 1/E.
+        return (nll + terminal).mean() + bounds
 
     @torch.no_grad()
     def step(
