@@ -171,12 +171,13 @@ class EnsembleMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.affines()[0][0].dim() == 4:
-            return self._stacked(x)
+        affines = self.affines()
+        if affines[0][0].dim() == 4:
+            return self._stacked(affines, x)
         if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.members, -1, -1)  # (B, in) -> (E, B, in)
         if self.norms is None:
-            return ensemble_mlp(self.affines(), x)
+            return ensemble_mlp(affines, x)
         # LayerNorm between layers (ReBRAC critics): one normalisation over every member's
         # rows, each member's affine folded into the layer after it.
         norms = [n for n in self.norms if isinstance(n, EnsembleLayerNorm)]
@@ -191,13 +192,14 @@ class EnsembleMLP(nn.Module):
                 x = norms[i].normalise(x.relu_())  # in place on baddbmm's fresh output
         return x
 
-    def _stacked(self, x: torch.Tensor) -> torch.Tensor:
+    def _stacked(
+        self, affines: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor
+    ) -> torch.Tensor:
         """A stacked fused run's K ensembles (weights ``(K, E, in, out)``) on each member's rows
         ``(K, B, in)``, or ``(K, E, B, in)`` per critic: ``-> (K, E, B, out)``, the K * E
         networks as one ``baddbmm`` per layer."""
         if self.norms is not None:
             raise ValueError("a stacked run cannot evaluate LayerNorm ensembles")
-        affines = self.affines()
         members, critics = affines[0][0].shape[:2]
         if x.dim() == 3:
             x = x.unsqueeze(1).expand(-1, critics, -1, -1)
