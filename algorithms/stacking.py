@@ -75,8 +75,6 @@ class FlatAdam:
         self.exp_avg_sq = torch.zeros_like(group.flat)
         self.steps = torch.zeros(len(modules), 1, dtype=torch.float64, device=group.flat.device)
         self._moments = (group.split(self.exp_avg), group.split(self.exp_avg_sq))
-        # The step count as torch's fused kernel reads it, while every member's is the same.
-        self._kernel_step = torch.zeros((), device=group.flat.device)
         # A resumed member's optimiser state (torch's Adam layout) continues here.
         for k, (optimizer, module) in enumerate(zip(optimizers, modules, strict=True)):
             for name, parameter in module.named_parameters():
@@ -85,9 +83,8 @@ class FlatAdam:
                     self._moments[0][name][k].copy_(state["exp_avg"])
                     self._moments[1][name][k].copy_(state["exp_avg_sq"])
                     self.steps[k] = float(state["step"])
-
+        # Until a member is frozen, every member has taken the same steps.
         self._steps_agree = bool((self.steps == self.steps[0]).all())
-        self._kernel_step.fill_(float(self.steps[0, 0]))
 
     @torch.no_grad()
     def step(
@@ -104,11 +101,8 @@ class FlatAdam:
         ``uniform_lr`` (every member's rate, when they are one number) and step counts that
         agree, torch's fused Adam kernel, as the single-seed runs' optimisers step.
         """
-        if not all_active:
-            self._steps_agree = False
-        else:
-            self._kernel_step += 1
-        if all_active and uniform_lr is not None and self._steps_agree:
+        self._steps_agree = self._steps_agree and all_active
+        if uniform_lr is not None and self._steps_agree:
             self.steps += 1
             torch._fused_adam_(
                 [self.group.flat],
@@ -116,7 +110,7 @@ class FlatAdam:
                 [self.exp_avg],
                 [self.exp_avg_sq],
                 [],
-                [self._kernel_step],
+                [self.steps[0, 0].float()],  # the kernel reads the step already taken
                 amsgrad=False,
                 lr=uniform_lr,
                 beta1=self.beta1,
