@@ -86,12 +86,14 @@ def fused_and_single_runs(
     steps: int,
     looped: bool | None = None,
     stacked: bool | None = None,
+    options: TrainOptions | None = None,
 ) -> tuple[FusedTrainer, list[Trainer], dict[str, torch.Tensor]]:
     """``steps`` fused updates of one member per (sources, config), seeds 0, 1, ..., and each
     member's single-seed run on the same batches (each run built right before it trains, so
     it draws its noise from the global generator as ``train`` would); the last fused metrics."""
     seeds = tuple(range(len(configs)))
-    built = build_members(algorithm, sources, seeds, configs, TrainOptions())
+    options = options or TrainOptions()
+    built = build_members(algorithm, sources, seeds, configs, options)
     fused = FusedTrainer(built.trainers, built.generators, seeds, looped=looped, stacked=stacked)
     batches = [[s.sample() for s in built.samplers] for _ in range(steps)]
     metrics: dict[str, torch.Tensor] = {}
@@ -99,7 +101,7 @@ def fused_and_single_runs(
         metrics = fused.update(TorchBatch.from_batch(stack_numpy(step)))
     singles = []
     for k, seed in enumerate(seeds):
-        single = build_members(algorithm, sources[k], (seed,), configs[k : k + 1], TrainOptions())
+        single = build_members(algorithm, sources[k], (seed,), configs[k : k + 1], options)
         for step in batches:
             single.trainers[0].update(TorchBatch.from_batch(step[k]))
         singles.append(single.trainers[0])

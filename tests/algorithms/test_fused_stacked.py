@@ -12,17 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.fused import FusedTrainer
 from offaug.algorithms.fusing import per_member
 from offaug.algorithms.train import TrainOptions
 from offaug.algorithms.train_fused import build_members, member_configs
 from offaug.datasets import Transitions
-from offaug.datasets.sampler import stack_numpy
 from tests.algorithms.fused_runs import (
     SMALL,
     assert_members_match,
-    assert_states_close,
     fused_and_single_runs,
 )
 
@@ -91,19 +88,11 @@ def test_members_on_their_own_data_stack_with_their_own_statistics(
     own = [[hopper, hopper.slice(0, int(bounds[2]))], [hopper, hopper.slice(0, int(bounds[4]))]]
     configs = member_configs(algorithm, SMALL[algorithm], 2)
     options = TrainOptions(mixing=(0.5, 0.5))
-    built = build_members(algorithm, own, (0, 1), configs, options)
-    fused = FusedTrainer(built.trainers, built.generators, (0, 1))
+    fused, singles, metrics = fused_and_single_runs(algorithm, own, configs, 20, options=options)
     assert fused.stacked
     moments = fused.buffers["parts.observation_normaliser.mean"]
     assert not torch.equal(moments[0], moments[1])
-    batches = [[s.sample() for s in built.samplers] for _ in range(20)]
-    for pair in batches:
-        fused.update(TorchBatch.from_batch(stack_numpy(pair)))
-    for k, seed in enumerate((0, 1)):
-        single = build_members(algorithm, own[k], (seed,), configs[k : k + 1], options)
-        for pair in batches:
-            single.trainers[0].update(TorchBatch.from_batch(pair[k]))
-        assert_states_close(fused.member_state_dict(k), single.trainers[0].state_dict())
+    assert_members_match(fused, singles, metrics)
 
 
 def test_learners_without_member_agnostic_losses_refuse_stacking(hopper: Transitions) -> None:
