@@ -133,6 +133,19 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {},
     ),
+    # TD3+BC's rollouts under a third of the noise: at 30,000 steps its plain runs beat the
+    # expert-narrow data (31-63 against 37.4) but under noise 0.1 fell before earning the
+    # data's return, so the filter kept 0-2 of 84 episodes (docs/performance.md).
+    "td3bc-reset-0.03-30k": (
+        {
+            "start": "reset",
+            "noise": "gaussian:0.03",
+            "filter": "data",
+            "policy": "td3bc",
+            "rollout_transitions": 30_000,
+        },
+        {},
+    ),
     # Two rounds: TD3+BC retrained on the data and its own kept rollouts, then rolled out.
     "td3bc-reset-0.1-r2": (
         {
