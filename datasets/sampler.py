@@ -308,3 +308,28 @@ def _apportion(fractions: npt.NDArray[np.float64], total: int) -> list[int]:
         order = np.argsort(-(exact - counts), kind="stable")
         counts[order[:remainder]] += 1
     return [int(c) for c in counts]
+
+
+def batch_shares(mixing: Sequence[float], rows: Sequence[int] | None = None) -> tuple[float, ...]:
+    """The share of a batch each set gets: ``mixing`` normalised to sum to 1, and with ``rows``
+    (each set's row count) every set after the first capped at its share of all the rows, the
+    excess going to the first (the original data).
+
+    The cap is for sets of uncertain size, such as filtered rollouts: 300 kept rows under a
+    stated share of 0.5 would be repeated in half of every batch; capped, they fill what they
+    hold of the pooled rows, as uniform sampling over the union would give them.
+    """
+    shares = np.asarray(mixing, dtype=np.float64)
+    if shares.ndim != 1 or len(shares) == 0 or np.any(shares < 0) or shares.sum() <= 0:
+        raise DataError("needs non-negative shares, not all zero", field=f"mixing={list(mixing)}")
+    shares = shares / shares.sum()
+    if rows is not None:
+        counts = np.asarray(rows, dtype=np.float64)
+        if counts.shape != shares.shape or np.any(counts < 0) or counts.sum() <= 0:
+            raise DataError(
+                f"needs one non-negative row count per share ({len(shares)}), not all zero",
+                field=f"rows={list(rows)}",
+            )
+        capped = np.minimum(shares[1:], counts[1:] / counts.sum())
+        shares = np.concatenate([[1.0 - capped.sum()], capped])
+    return tuple(float(s) for s in shares)

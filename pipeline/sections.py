@@ -251,6 +251,15 @@ class TrainModel(_Strict):
     mixing: tuple[float, float] = Field(
         (0.5, 0.5), description="Share of original and augmented rows per batch."
     )
+    mixing_follows_rows: bool = Field(
+        False,
+        description=(
+            "Cap the augmented share of a batch at the augmented rows' share of all rows"
+            " (original + augmented), the rest going to the original data: when the rollout"
+            " filter keeps a few episodes they fill proportionally little of each batch instead"
+            " of being repeated to fill the stated share."
+        ),
+    )
     baseline: bool = Field(True, description="Also train on the original data alone.")
     configs: dict[str, dict[str, Any]] = Field(
         default_factory=dict,

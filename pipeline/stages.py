@@ -24,6 +24,7 @@ from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomi
 from offaug.datasets.errors import DatasetNotFoundError
 from offaug.datasets.generate import make_dataset
 from offaug.datasets.publish import publish_dataset
+from offaug.datasets.sampler import batch_shares
 from offaug.datasets.shards import ShardSet, file_checksum
 from offaug.datasets.sources import cache_key, load_transitions, resolve_source
 from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
@@ -281,6 +282,8 @@ def _run_metrics(run_dir: Path, options: Any) -> dict[str, Any]:
     """A finished run's last metrics, with how its augmented rows were weighted and noised."""
     metrics = _last_metrics(run_dir)
     metrics["weighting"] = options.weighting
+    # The shares each batch held (train.mixing, or less augmented under mixing_follows_rows).
+    metrics["mixing"] = list(options.mixing) if options.mixing is not None else None
     # ESS/N of the weights the losses used, over every weighted row of the run.
     metrics["weight_ess_fraction"] = metrics["train"].get("weight_ess_fraction_run")
     metrics["state_noise"] = (
@@ -312,7 +315,10 @@ def _train_inputs(
     mixing = None
     if augmented is not None:
         sources.append(augmented.directory)
-        mixing = tuple(train_config.mixing)
+        mixing = batch_shares(
+            train_config.mixing,
+            (data.rows, augmented.rows) if train_config.mixing_follows_rows else None,
+        )
     noise = train_config.state_noise
     steps = train_config.steps
     options = TrainOptions(

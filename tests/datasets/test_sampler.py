@@ -16,7 +16,7 @@ from offaug.datasets import (
     write_shard_set,
 )
 from offaug.datasets.minari_reader import read_minari_dir
-from offaug.datasets.sampler import Batch, sample_stacked, stack_numpy
+from offaug.datasets.sampler import Batch, batch_shares, sample_stacked, stack_numpy
 
 
 def _tagged(n: int, tag: float, weights: bool = False) -> Transitions:
@@ -230,3 +230,19 @@ def test_stacked_members_on_different_data_each_sample_alone() -> None:
     together = [MixtureSampler([first], 16, seed=1), MixtureSampler([second], 16, seed=2)]
     _assert_same(_draws(alone, 3, stacked=False), _draws(together, 3, stacked=True))
     assert (sample_stacked(together).observations[1] == 1.0).all()
+
+
+def test_batch_shares_normalise_and_cap_later_sets_at_their_rows() -> None:
+    assert batch_shares([1, 3]) == pytest.approx((0.25, 0.75))
+    # 300 kept rows beside 10,000: capped at 300 / 10,300 of a batch, the rest original.
+    capped = batch_shares([0.5, 0.5], rows=[10_000, 300])
+    assert capped == pytest.approx((1 - 300 / 10_300, 300 / 10_300))
+    # A set holding more than its stated share keeps the stated share.
+    assert batch_shares([0.5, 0.5], rows=[10_000, 30_000]) == pytest.approx((0.5, 0.5))
+    assert batch_shares([0.6, 0.2, 0.2], rows=[100, 10, 300]) == pytest.approx(
+        (1 - 0.2 - 10 / 410, 10 / 410, 0.2)
+    )
+    with pytest.raises(DataError, match="rows="):
+        batch_shares([0.5, 0.5], rows=[10])
+    with pytest.raises(DataError, match="mixing="):
+        batch_shares([0, 0])

@@ -149,3 +149,29 @@ def test_the_train_stage_passes_weighting_and_state_noise_through(
     options = json.loads((tmp_path / "s4rl" / "config.json").read_text())["options"]
     assert options["state_noise"] == {"kind": "gaussian", "scale": 0.01}
     assert options["weighting"] == "none"
+
+
+def test_mixing_follows_rows_caps_the_augmented_share_at_its_rows(
+    make_test_dataset, augmented: AugmentedRef, tmp_path: Path
+) -> None:
+    data = stages.prepare_source(SourceConfig(dataset=make_test_dataset("hopper").dataset_id))
+    pooled = augmented.rows / (data.rows + augmented.rows)
+    assert pooled < 0.5  # the fixture's rollouts are fewer rows than the data
+    evaluation = EvaluationModel(episodes=1)
+    shares = {}
+    for follows in (False, True):
+        config = TrainModel(
+            algorithms=("bc",),
+            steps=5,
+            weighting="none",
+            mixing=(0.5, 0.5),
+            mixing_follows_rows=follows,
+            configs={"bc": {"hidden": [16, 16], "batch_size": 16}},
+        )
+        out = tmp_path / str(follows)
+        model = stages.train_offline("bc", data, augmented, config, evaluation, str(out), seed=0)
+        options = json.loads((out / "config.json").read_text())["options"]
+        assert model.metrics["mixing"] == pytest.approx(options["mixing"])
+        shares[follows] = options["mixing"]
+    assert shares[False] == pytest.approx([0.5, 0.5])
+    assert shares[True] == pytest.approx([1 - pooled, pooled])
