@@ -297,11 +297,16 @@ def _submit_rollout(
         part = client.submit(
             stages.model_rollout_task, data, bc, dynamics, rollout, shard, 0, seed, pure=False
         )
-    else:
-        part = client.submit(
-            stages.rollout_shard, data, bc, rollout, str(out), seed, 0, policy, pure=False
+        return client.submit(stages.merge_rollouts, [part], str(out), rollout, pure=False)
+    calibration = None
+    if rollout.noise_calibration is not None:
+        calibration = client.submit(
+            stages.calibrate_noise_stage, data, bc, rollout, str(out), seed, policy, pure=False
         )
-    return client.submit(stages.merge_rollouts, [part], str(out), rollout, pure=False)
+    part = client.submit(
+        stages.rollout_shard, data, bc, rollout, str(out), seed, 0, policy, calibration, pure=False
+    )
+    return client.submit(stages.merge_rollouts, [part], str(out), rollout, calibration, pure=False)
 
 
 def _score(model: ModelRef) -> float:

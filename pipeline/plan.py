@@ -291,17 +291,32 @@ class _Planner:
                     ),
                 )
             )
+        calibrated: tuple[Any, ...] = ()
+        if rollout.noise_calibration is not None:
+            # One probe for all tasks, so every shard rolls out with the same noise.
+            calibrate = self.plan.add(
+                StageSpec(
+                    f"calibrate{tag}{sfx}",
+                    stages.calibrate_noise_stage,
+                    {"rollout": rollout, "seed": seed},
+                    needs,
+                    (Ref("source"), Ref(bc), rollout, out, seed, *extra),
+                )
+            )
+            needs = (*needs, calibrate)
+            calibrated = (Ref(calibrate),)
         tasks = []
         for index in range(rollout.tasks):
             config = {"rollout": rollout, "index": index, "seed": seed}
             name = f"rollout{tag}:{index}{sfx}"
             if dynamics is None:
+                policy_arg = extra or ((None,) if calibrated else ())
                 spec = StageSpec(
                     name,
                     stages.rollout_shard,
                     config,
                     needs,
-                    (Ref("source"), Ref(bc), rollout, out, seed, index, *extra),
+                    (Ref("source"), Ref(bc), rollout, out, seed, index, *policy_arg, *calibrated),
                 )
             else:
                 shard = str(self.layout.augmented.with_name(shards) / f"shard-{index:05d}.arrow")
@@ -318,8 +333,8 @@ class _Planner:
                 f"rollout{tag}{sfx}",
                 stages.merge_rollouts,
                 {"rollout": rollout, "seed": seed},
-                tuple(tasks),
-                (RefList(tuple(tasks)), out, rollout),
+                (*tasks, *(r.name for r in calibrated)),
+                (RefList(tuple(tasks)), out, rollout, *calibrated),
             )
         )
 

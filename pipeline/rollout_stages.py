@@ -18,6 +18,8 @@ import numpy as np
 from offaug.datasets.shards import file_checksum
 from offaug.datasets.sources import load_transitions
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.noise import parse_noise
+from offaug.pipeline.noise_calibration import calibrate_noise
 from offaug.pipeline.rollout import RolloutConfig
 from offaug.pipeline.rollout_data import sparsity, start_probabilities
 from offaug.pipeline.rollout_tasks import (
@@ -32,12 +34,14 @@ from offaug.pipeline.rollout_tasks import (
 from offaug.pipeline.workflow import RolloutModel
 
 
-def _rollout_config(data: DatasetRef, config: RolloutModel, seed: int) -> RolloutConfig:
+def _rollout_config(
+    data: DatasetRef, config: RolloutModel, seed: int, calibration: dict[str, Any] | None = None
+) -> RolloutConfig:
     start = config.start if data.has_simulator_state else "reset"
     return RolloutConfig(
         episodes=config.episodes,
         n_envs=config.n_envs,
-        noise=config.noise,
+        noise=config.noise if calibration is None else parse_noise(calibration["noise"]),
         seed=seed,
         max_weight=config.max_weight,
         start=start,
@@ -56,16 +60,18 @@ def rollout_tasks(
     out: str,
     seed: int,
     policy_model: ModelRef | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> list[RolloutTask]:
     """The rollout stage's tasks (references only), one shard each.
 
     ``policy_model``: the trained learner whose action the noise is centred on (``rollout.policy``
-    names it; None: the BC policy's own action).
+    names it; None: the BC policy's own action). ``calibration``: what
+    :func:`calibrate_noise_stage` chose, in place of ``config.noise``.
     """
     return split_tasks(
         data.source,
         bc.path,
-        _rollout_config(data, config, seed),
+        _rollout_config(data, config, seed, calibration),
         out,
         config.tasks,
         env_id=config.env,
@@ -81,12 +87,31 @@ def rollout_shard(
     seed: int,
     task_index: int,
     policy_model: ModelRef | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> RolloutShard:
     """Task ``task_index`` of the rollout stage: roll out its episodes and write its shard."""
-    tasks = rollout_tasks(data, bc, config, out, seed, policy_model)
+    tasks = rollout_tasks(data, bc, config, out, seed, policy_model, calibration)
     if task_index >= len(tasks):
         raise ValueError(f"rollout task {task_index} of {len(tasks)}: more tasks than episodes")
     return run_rollout_task(tasks[task_index])
+
+
+def calibrate_noise_stage(
+    data: DatasetRef,
+    bc: ModelRef,
+    config: RolloutModel,
+    out: str,
+    seed: int,
+    policy_model: ModelRef | None = None,
+) -> dict[str, Any]:
+    """The noise every task of the rollout stage uses (``rollout.noise_calibration``), probed
+    once on the first task's policy, env and filter (:func:`calibrate_noise`)."""
+    if config.noise_calibration is None:
+        raise ValueError("calibrate_noise_stage needs rollout.noise_calibration")
+    task = rollout_tasks(data, bc, config, out, seed, policy_model)[0]
+    work_dir = Path(out).parent
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return calibrate_noise(task, config.noise_calibration, work_dir)
 
 
 def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
@@ -187,18 +212,26 @@ def _with_seed(model: Any, seed: int) -> Any:
     return model
 
 
-def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) -> AugmentedRef:
+def merge_rollouts(
+    results: list[RolloutShard],
+    out: str,
+    config: RolloutModel,
+    calibration: dict[str, Any] | None = None,
+) -> AugmentedRef:
     """Write the augmented shard set's manifest over the finished tasks.
 
-    The reference's ``metrics``: ``policy`` (``rollout.policy``), ``filter`` (its kind,
-    margin and the episodes ``kept`` and ``dropped``) and ``episode_return`` (the mean return
-    of the kept episodes, None without any).
+    The reference's ``metrics``: ``policy`` (``rollout.policy``), ``noise`` (what the tasks
+    used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
+    without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
+    ``dropped``) and ``episode_return`` (the mean return of the kept episodes, None without any).
     """
+    noise = config.noise.text if calibration is None else str(calibration["noise"])
     shard_set = merge_rollout_shards(
         out,
         results,
         {
-            "noise": config.noise.text,
+            "noise": noise,
+            "noise_calibration": calibration,
             "max_weight": config.max_weight,
             "backend": config.backend,
             "episodes": config.episodes,
@@ -221,6 +254,8 @@ def merge_rollouts(results: list[RolloutShard], out: str, config: RolloutModel) 
         faults=sum(r.faults for r in results),
         metrics={
             "policy": config.policy,
+            "noise": noise,
+            "noise_calibration": calibration,
             "filter": {
                 "kind": config.filter,
                 "margin": config.filter_margin,

@@ -135,6 +135,29 @@ class DynamicsModel(_Strict):
     starts: int = Field(1000, gt=0, description="Dataset states to branch from per task.")
 
 
+class NoiseCalibrationModel(_Strict):
+    """Rollout noise chosen against the episode filter before rolling out."""
+
+    scales: tuple[float, ...] = Field(
+        min_length=1,
+        description=(
+            "Gaussian sigmas to try, largest first, in place of rollout.noise: the largest whose"
+            " probe episodes the filter keeps often enough is used (the smallest when none is)."
+        ),
+    )
+    episodes: int = Field(16, gt=0, description="Probe episodes per sigma.")
+    keep: float = Field(
+        0.5, gt=0, le=1, description="Share of the probe episodes the filter must keep."
+    )
+
+    @field_validator("scales")
+    @classmethod
+    def _positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if min(value) <= 0:
+            raise ValueError(f"noise_calibration.scales must all be positive, not {list(value)}")
+        return tuple(sorted(value, reverse=True))
+
+
 class RolloutModel(_Strict):
     """Noisy rollouts of the BC policy, or of a trained learner's policy."""
 
@@ -211,6 +234,14 @@ class RolloutModel(_Strict):
             " (negative: it must beat the data by that much)."
         ),
     )
+    noise_calibration: NoiseCalibrationModel | None = Field(
+        None,
+        description=(
+            "Choose the Gaussian noise by probe episodes through the filter (needs filter"
+            " 'data' and the simulator backend), e.g. {scales: [0.1, 0.03, 0.01, 0.003]}: a"
+            " policy whose noisy episodes all fall below the data adds nothing after the filter."
+        ),
+    )
     max_weight: float = Field(100.0, gt=0, description="Importance weights are clipped here.")
     max_episode_steps: int | None = Field(None, gt=0, description="Override the time limit.")
     env: str | None = Field(None, description="Roll out in this env id instead of the dataset's.")
@@ -222,6 +253,13 @@ class RolloutModel(_Strict):
     def _tasks_fit(self) -> RolloutModel:
         if self.backend == "simulator" and self.tasks > self.episodes:
             raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
+        if self.noise_calibration is not None and (
+            self.filter != "data" or self.backend != "simulator"
+        ):
+            raise ValueError(
+                "noise_calibration needs filter 'data' and backend 'simulator': it keeps the"
+                " largest noise whose episodes the filter keeps"
+            )
         if self.starts == "disagreement" and self.backend != "model":
             raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
         if self.rounds > 1 and self.policy == "bc":

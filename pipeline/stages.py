@@ -32,6 +32,7 @@ from offaug.pipeline.env_state import load_with_states
 from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
 
 # The rollout stages live in their own module; the graph wires them from here.
+from offaug.pipeline.rollout_stages import calibrate_noise_stage as calibrate_noise_stage
 from offaug.pipeline.rollout_stages import merge_rollouts as merge_rollouts
 from offaug.pipeline.rollout_stages import model_rollout_task as model_rollout_task
 from offaug.pipeline.rollout_stages import rollout_shard as rollout_shard

@@ -12,6 +12,7 @@ import pytest
 
 from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.plan import plan_workflow
+from offaug.pipeline.scheduler import Ref
 from offaug.pipeline.stage_plan import Plan
 from offaug.pipeline.workflow import Workflow, WorkflowError, load_workflow
 
@@ -280,3 +281,31 @@ def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
     }
     with pytest.raises(ValueError, match=r"recipes\.r\.rollout.*rounds 2 needs a learner"):
         _workflow(recipes={"r": {"rollout": {"rounds": 2}}})
+
+
+def test_noise_calibration_is_one_stage_before_every_rollout_task(tmp_path: Path) -> None:
+    workflow = _workflow(
+        rollout={
+            "episodes": 4,
+            "tasks": 2,
+            "filter": "data",
+            "noise_calibration": {"scales": [0.01, 0.1], "episodes": 4},
+        },
+        train={"algorithms": ["cql"]},
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(workflow, tmp_path)
+    stages = plan.stages
+    assert stages["calibrate"].inputs == ("source", "bc")
+    for index in range(2):
+        task = stages[f"rollout:{index}"]
+        assert task.inputs == ("source", "bc", "calibrate")
+        assert task.args[-2:] == (None, Ref("calibrate"))  # no learner; the calibration
+    assert stages["rollout"].inputs == ("rollout:0", "rollout:1", "calibrate")
+    assert stages["rollout"].args[-1] == Ref("calibrate")
+    assert workflow.rollout.noise_calibration is not None
+    assert workflow.rollout.noise_calibration.scales == (0.1, 0.01)  # largest first
+    with pytest.raises(ValueError, match="noise_calibration needs filter 'data'"):
+        _workflow(rollout={"noise_calibration": {"scales": [0.1]}})
+    with pytest.raises(ValueError, match="must all be positive"):
+        _workflow(rollout={"filter": "data", "noise_calibration": {"scales": [0.1, 0]}})

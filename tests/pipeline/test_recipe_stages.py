@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +105,54 @@ def test_model_rollouts_start_where_the_ensemble_disagrees(
     assert lengths.max() <= 3
     # A lenient margin keeps every rollout that has a step.
     assert shard.episodes_dropped == 0 and len(shard.episode_returns) == len(lengths)
+
+
+def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
+    pendulum_bc, tmp_path: Path
+) -> None:
+    data, bc = pendulum_bc
+    out = tmp_path / "aug"
+    # Short branches from dataset states, so a probe of 8 episodes is quick; keep 1.0 asks for
+    # every probe episode to pass, which the largest noise (3.0, the box's width and more)
+    # cannot give a clone of 40 steps.
+    config = RolloutModel(
+        episodes=4,
+        tasks=2,
+        n_envs=4,
+        start="dataset",
+        horizon=5,
+        filter="data",
+        noise_calibration={"scales": [3.0, 0.3, 0.03], "episodes": 8, "keep": 1.0},  # type: ignore[arg-type]
+    )
+    calibration = stages.calibrate_noise_stage(data, bc, config, str(out), 3)
+    trials = calibration["trials"]
+    assert [t["noise"] for t in trials] == ["gaussian:3", "gaussian:0.3", "gaussian:0.03"][
+        : len(trials)
+    ]
+    assert trials[0]["kept"] < 8
+    # It stops at the first noise every probe passed, else tries them all and takes the last.
+    passed = [t["kept"] == 8 for t in trials]
+    assert passed[:-1] == [False] * (len(trials) - 1)
+    assert passed[-1] or len(trials) == 3
+    assert calibration["noise"] == trials[-1]["noise"]
+    assert not list(tmp_path.glob(".calibrate-*"))  # the probes leave nothing behind
+    # Asking for no more kept episodes than the first noise kept stops there: the same probe.
+    assert config.noise_calibration is not None and trials[0]["kept"] > 0
+    keep = trials[0]["kept"] / 8
+    lenient = config.model_copy(
+        update={"noise_calibration": config.noise_calibration.model_copy(update={"keep": keep})}
+    )
+    first = stages.calibrate_noise_stage(data, bc, lenient, str(out), 3)
+    assert first["trials"] == trials[:1] and first["noise"] == "gaussian:3"
+    # Every task rolls out with the chosen noise, and the manifest says which and why.
+    tasks = stages.rollout_tasks(data, bc, config, str(out), 3, calibration=calibration)
+    assert {t.config.noise.text for t in tasks} == {calibration["noise"]}
+    shards = [
+        stages.rollout_shard(data, bc, config, str(out), 3, i, None, calibration) for i in (0, 1)
+    ]
+    augmented = stages.merge_rollouts(shards, str(out), config, calibration)
+    assert augmented.metrics["noise"] == calibration["noise"]
+    assert augmented.metrics["noise_calibration"] == calibration
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["params"]["noise"] == calibration["noise"]
+    assert manifest["params"]["noise_calibration"]["trials"] == trials
