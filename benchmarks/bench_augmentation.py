@@ -164,6 +164,18 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         )
         for sigma in ("0.01", "0.003")
     },
+    # The noise chosen per seed by probe episodes through the filter (rollout.noise_calibration)
+    # instead of fixed: each seed's TD3+BC gets the largest noise of which it keeps half.
+    "td3bc-reset-calibrated-30k-rows": (
+        {
+            "start": "reset",
+            "filter": "data",
+            "policy": "td3bc",
+            "noise_calibration": {"scales": [0.1, 0.03, 0.01, 0.003], "episodes": 16},
+            "rollout_transitions": 30_000,
+        },
+        {"mixing_follows_rows": True},
+    ),
     # The same rollouts unfiltered: on the seeds where TD3+BC's plain run scores below the
     # data (31-34 against 37.4) the filter kept nothing, yet those runs score two to three
     # times what plain CQL does on the same seeds (11-13), so their episodes are better than
