@@ -6,28 +6,23 @@ sigma 0.1, while a TD3+BC policy on Hopper-v5 that earns 1,400-2,000 per episode
 falls near step 300 under 0.03, so the filter drops every episode and the recipe adds nothing
 (docs/performance.md). ``rollout.noise_calibration`` probes each sigma, largest first, with a
 few episodes through the same filter, and keeps the first whose kept share reaches ``keep``.
-The probes use their own seeds, apart from the rollout's, and leave no files behind.
+The probes use their own seeds, apart from the rollout's, and run in memory: nothing is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from offaug.pipeline.noise import parse_noise
-from offaug.pipeline.rollout_tasks import RolloutTask, run_rollout_task
+from offaug.pipeline.rollout_tasks import RolloutTask, rollout_results
 from offaug.pipeline.sections import NoiseCalibrationModel
 
 _PROBE_SEED_OFFSET = 7_919
 """Added to the rollout's seed: the probes' resets and noise are not the rollout's own."""
 
 
-def calibrate_noise(
-    task: RolloutTask, calibration: NoiseCalibrationModel, work_dir: str | Path
-) -> dict[str, Any]:
+def calibrate_noise(task: RolloutTask, calibration: NoiseCalibrationModel) -> dict[str, Any]:
     """Probe ``calibration.scales`` (largest first) on ``task``'s policy, env and filter.
 
     Returns ``{"noise": text, "keep": share, "trials": [{"noise", "episodes", "kept"}, ...]}``:
@@ -36,24 +31,21 @@ def calibrate_noise(
     """
     if task.config.filter == "none":
         raise ValueError("noise_calibration needs rollout.filter 'data': nothing to probe against")
+    texts = [f"gaussian:{sigma:g}" for sigma in calibration.scales]
+    probes = (
+        dataclasses.replace(
+            task.config,
+            episodes=calibration.episodes,
+            noise=parse_noise(text),
+            seed=task.config.seed + _PROBE_SEED_OFFSET,
+        )
+        for text in texts
+    )
     trials: list[dict[str, Any]] = []
-    probes = Path(tempfile.mkdtemp(prefix=".calibrate-", dir=work_dir))
-    try:
-        for index, sigma in enumerate(calibration.scales):
-            text = f"gaussian:{sigma:g}"
-            config = dataclasses.replace(
-                task.config,
-                episodes=calibration.episodes,
-                noise=parse_noise(text),
-                seed=task.config.seed + _PROBE_SEED_OFFSET,
-            )
-            probe = dataclasses.replace(
-                task, config=config, shard_path=str(probes / f"probe-{index}.arrow")
-            )
-            kept = len(run_rollout_task(probe).episode_returns)
-            trials.append({"noise": text, "episodes": calibration.episodes, "kept": kept})
-            if kept >= calibration.keep * calibration.episodes:
-                break
-    finally:
-        shutil.rmtree(probes, ignore_errors=True)
+    # Lazy: the data, policy and filter load once, and no probe runs past the first that passes.
+    for text, result in zip(texts, rollout_results(task, probes), strict=False):
+        kept = len(result.episode_returns)
+        trials.append({"noise": text, "episodes": calibration.episodes, "kept": kept})
+        if kept >= calibration.keep * calibration.episodes:
+            break
     return {"noise": trials[-1]["noise"], "keep": calibration.keep, "trials": trials}

@@ -109,9 +109,7 @@ def calibrate_noise_stage(
     if config.noise_calibration is None:
         raise ValueError("calibrate_noise_stage needs rollout.noise_calibration")
     task = rollout_tasks(data, bc, config, out, seed, policy_model)[0]
-    work_dir = Path(out).parent
-    work_dir.mkdir(parents=True, exist_ok=True)
-    return calibrate_noise(task, config.noise_calibration, work_dir)
+    return calibrate_noise(task, config.noise_calibration)
 
 
 def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:

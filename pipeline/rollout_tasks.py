@@ -8,6 +8,7 @@ with), rolls out (:func:`offaug.pipeline.rollout.rollout`) and writes one shard 
 weight statistics, the self-normalisation constant and the filter's counts pooled over every
 shard.
 :func:`rollout_to_shard_set` does all three in this process and replaces a directory as a whole.
+:func:`rollout_results` rolls one task out under several configs in memory, loading once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,53 +101,7 @@ _ENV_POOL: dict[str, list[Any]] = {}
 
 def run_rollout_task(task: RolloutTask) -> RolloutShard:
     """Load the policy and dataset, roll out, write one shard atomically."""
-    # torch comes with these: imported when a task runs, not when a Dask worker unpickles the
-    # stage module.
-    from offaug.algorithms.evaluate import make_env
-    from offaug.pipeline.policies import load_rollout_policy
-
-    config = task.config
-    branch = config.start == "dataset"
-    data = load_with_states(task.source)[0] if branch else load_transitions(task.source)
-    policy = load_rollout_policy(task.policy, task.learner)
-    kwargs: dict[str, Any] = {}
-    if task.config.max_episode_steps is not None:
-        kwargs["max_episode_steps"] = task.config.max_episode_steps
-    meta: dict[str, Any] = {key: data.meta.get(key) for key in SPACE_META_KEYS}
-    meta["format"] = "offaug-rollout"
-    meta["provenance"] = {
-        "source": task.source,
-        "policy": task.policy,
-        "policy_checkpoint_xxh3": checkpoint_hash(task.policy),
-        "learner": task.learner,
-        "learner_checkpoint_xxh3": checkpoint_hash(task.learner) if task.learner else None,
-        "noise": task.config.noise.text,
-        "seed": task.config.seed,
-        "env_id": task.env_id,
-        "task_index": task.task_index,
-    }
-    pool_key = json.dumps([data.meta.get("env_spec"), task.env_id, kwargs], sort_keys=True)
-    pool = _ENV_POOL.setdefault(pool_key, [])
-    taken: list[Any] = []
-
-    def pooled_env() -> Any:
-        env = pool.pop() if pool else make_env(data.meta, task.env_id, **kwargs)
-        taken.append(env)
-        return env
-
-    result = rollout(
-        policy,
-        pooled_env,
-        config,
-        start_states=dataset_start_states(data) if branch else None,
-        start_probabilities=dataset_start_probabilities(data, config) if branch else None,
-        episode_filter=data_filter(data, config.filter, config.filter_margin),
-        meta=meta,
-        close_envs=False,
-    )
-    # Back to this process's pool: the next task on this worker skips building them (every
-    # episode starts with a seeded reset, so no state carries over).
-    pool.extend(taken)
+    result = next(rollout_results(task, [task.config]))
     shard_path = Path(task.shard_path)
     shard_path.parent.mkdir(parents=True, exist_ok=True)
     save_faults(result, shard_path.parent, f"{shard_path.stem}.faults")
@@ -158,6 +113,79 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
         tuple(result.episode_returns),
         result.episodes_dropped,
     )
+
+
+def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iterator[RolloutResult]:
+    """``task``'s rollout under each of ``configs`` in turn, in memory (nothing is written).
+
+    The policy, the dataset, its branch points and the filter's returns are loaded once, from
+    ``task.config``: the configs may differ from it in episodes, noise and seed only (the
+    probes of :mod:`offaug.pipeline.noise_calibration`). Lazy, so a caller can stop early.
+    """
+    # torch comes with these: imported when a task runs, not when a Dask worker unpickles the
+    # stage module.
+    from offaug.algorithms.evaluate import make_env
+    from offaug.pipeline.policies import load_rollout_policy
+
+    config = task.config
+    branch = config.start == "dataset"
+    data = load_with_states(task.source)[0] if branch else load_transitions(task.source)
+    policy = load_rollout_policy(task.policy, task.learner)
+    kwargs: dict[str, Any] = {}
+    if config.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = config.max_episode_steps
+    meta: dict[str, Any] = {key: data.meta.get(key) for key in SPACE_META_KEYS}
+    meta["format"] = "offaug-rollout"
+    checkpoints = {
+        "source": task.source,
+        "policy": task.policy,
+        "policy_checkpoint_xxh3": checkpoint_hash(task.policy),
+        "learner": task.learner,
+        "learner_checkpoint_xxh3": checkpoint_hash(task.learner) if task.learner else None,
+    }
+    start_states = dataset_start_states(data) if branch else None
+    probabilities = dataset_start_probabilities(data, config) if branch else None
+    episode_filter = data_filter(data, config.filter, config.filter_margin)
+    pool_key = json.dumps([data.meta.get("env_spec"), task.env_id, kwargs], sort_keys=True)
+    pool = _ENV_POOL.setdefault(pool_key, [])
+    taken: list[Any] = []
+
+    def pooled_env() -> Any:
+        env = pool.pop() if pool else make_env(data.meta, task.env_id, **kwargs)
+        taken.append(env)
+        return env
+
+    for run in configs:
+        same = dataclasses.replace(
+            run, episodes=config.episodes, noise=config.noise, seed=config.seed
+        )
+        if same != config:
+            raise ValueError(
+                "rollout_results: a config may differ from the task's in episodes, noise and"
+                f" seed only, not {run} against {config}"
+            )
+        provenance = {
+            **checkpoints,
+            "noise": run.noise.text,
+            "seed": run.seed,
+            "env_id": task.env_id,
+            "task_index": task.task_index,
+        }
+        result = rollout(
+            policy,
+            pooled_env,
+            run,
+            start_states=start_states,
+            start_probabilities=probabilities,
+            episode_filter=episode_filter,
+            meta={**meta, "provenance": provenance},
+            close_envs=False,
+        )
+        # Back to this process's pool: the next task on this worker skips building them (every
+        # episode starts with a seeded reset, so no state carries over).
+        pool.extend(taken)
+        taken.clear()
+        yield result
 
 
 def dataset_start_probabilities(
