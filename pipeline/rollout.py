@@ -98,6 +98,8 @@ class RolloutConfig:
     """``data``: drop episodes that earn less than the data from the same start."""
     filter_margin: float = 0.0
     """Reward per step an episode may fall short of the data by and still be kept."""
+    filter_tolerance: float = 0.0
+    """Fraction of the data's expected return an episode may fall short by and still be kept."""
     max_faults: int = 1000
     """Stop with an error after this many environment faults."""
 

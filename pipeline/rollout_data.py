@@ -7,7 +7,8 @@ model backend also offers ``disagreement``: proportional to the dynamics ensembl
 the dataset action (:meth:`offaug.pipeline.dynamics.DynamicsEnsemble.disagreement`).
 
 **Filter.** With ``filter: data`` an augmented episode is kept only if its return is at least
-what the data earns over the same number of steps, less ``margin`` per step:
+what the data earns over the same number of steps, less ``margin`` per step and less
+``tolerance`` times the size of that expected return:
 
 * a branch from dataset transition ``r`` of length ``L`` is compared with the data's own
   rewards ``r .. r + L - 1`` when the data's episode has that many steps left, else with the
@@ -119,11 +120,16 @@ class ReturnBaseline:
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeFilter:
-    """Keeps the augmented episodes that earn at least the data (less ``margin`` per step)."""
+    """Keeps the augmented episodes that earn at least the data (less ``margin`` per step and
+    ``tolerance`` of the expected return's size)."""
 
     baseline: ReturnBaseline
     margin: float = 0.0
     """Reward per step an episode may fall short of the data by and still be kept."""
+    tolerance: float = 0.0
+    """Fraction of the expected return's magnitude an episode may fall short by. Unlike the
+    per-step margin it does not grow with the episode's length, so a reset episode that runs to
+    the time limit is held to the same bar as one that falls."""
 
     def keep(
         self,
@@ -135,6 +141,7 @@ class EpisodeFilter:
         """(episodes,) bool: which episodes to keep (``terminated``: which ended by a fall)."""
         expected = self.baseline.expected_returns(start_rows, lengths, terminated)
         allowed = expected - self.margin * np.asarray(lengths, dtype=np.float64)
+        allowed -= self.tolerance * np.abs(expected)
         kept: npt.NDArray[np.bool_] = np.asarray(returns, dtype=np.float64) >= allowed
         return kept
 

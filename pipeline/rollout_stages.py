@@ -50,6 +50,7 @@ def _rollout_config(
         starts="uniform" if start == "reset" else config.starts,
         filter=config.filter,
         filter_margin=config.filter_margin,
+        filter_tolerance=config.filter_tolerance,
     )
 
 
@@ -188,7 +189,9 @@ def model_rollout_task(
         meta=meta,
         horizon=config.horizon,
         start_rows=rows.astype(np.int64),
-        episode_filter=data_filter(original, config.filter, config.filter_margin),
+        episode_filter=data_filter(
+            original, config.filter, config.filter_margin, config.filter_tolerance
+        ),
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
@@ -239,6 +242,7 @@ def merge_rollouts(
             "starts": config.starts,
             "filter": config.filter,
             "filter_margin": config.filter_margin,
+            "filter_tolerance": config.filter_tolerance,
         },
     )
     returns = [r for result in results for r in result.episode_returns]
@@ -257,6 +261,7 @@ def merge_rollouts(
             "filter": {
                 "kind": config.filter,
                 "margin": config.filter_margin,
+                "tolerance": config.filter_tolerance,
                 **filter_counts(results),
             },
             "episode_return": float(np.mean(returns)) if returns else None,

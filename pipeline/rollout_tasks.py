@@ -145,7 +145,7 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
     }
     start_states = dataset_start_states(data) if branch else None
     probabilities = dataset_start_probabilities(data, config) if branch else None
-    episode_filter = data_filter(data, config.filter, config.filter_margin)
+    episode_filter = data_filter(data, config.filter, config.filter_margin, config.filter_tolerance)
     pool_key = json.dumps([data.meta.get("env_spec"), task.env_id, kwargs], sort_keys=True)
     pool = _ENV_POOL.setdefault(pool_key, [])
     taken: list[Any] = []
@@ -199,11 +199,13 @@ def dataset_start_probabilities(
     raise ValueError(f"starts={config.starts!r} needs the model backend")
 
 
-def data_filter(data: Transitions, kind: FilterKind, margin: float) -> EpisodeFilter | None:
+def data_filter(
+    data: Transitions, kind: FilterKind, margin: float, tolerance: float = 0.0
+) -> EpisodeFilter | None:
     """The episode filter of ``filter: data`` (None for ``none``)."""
     if kind == "none":
         return None
-    return EpisodeFilter(ReturnBaseline.from_transitions(data), margin)
+    return EpisodeFilter(ReturnBaseline.from_transitions(data), margin, tolerance)
 
 
 def filter_counts(results: Sequence[RolloutShard]) -> dict[str, int]:
@@ -383,6 +385,7 @@ def rollout_to_shard_set(
                 "starts": config.starts,
                 "filter": config.filter,
                 "filter_margin": config.filter_margin,
+                "filter_tolerance": config.filter_tolerance,
             },
         )
         replace_directory(staging, final)

@@ -234,6 +234,16 @@ class RolloutModel(_Strict):
             " (negative: it must beat the data by that much)."
         ),
     )
+    filter_tolerance: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Fraction of the data's expected return (its magnitude) an episode may fall short"
+            " by and still be kept; unlike filter_margin it does not grow with the episode's"
+            " length."
+        ),
+    )
     noise_calibration: NoiseCalibrationModel | None = Field(
         None,
         description=(

@@ -78,6 +78,13 @@ class RecipeSummary(TypedDict, total=False):
     """The rollout policy's own normalised score, mean over seeds (when evaluated)."""
     diagnostics: str | None
     """The stage of its merged diagnostics (first diagnosed seed)."""
+    noise: list[str]
+    """The noise each seed's rollouts used (``rollout.noise``, or what calibration chose)."""
+    calibrated: bool
+    """Whether ``rollout.noise_calibration`` chose the noise."""
+    episodes_kept: int | None
+    """Augmented episodes the filter kept, over every seed (None without a filter)."""
+    episodes_dropped: int | None
 
 
 def weighting_of(train: TrainModel) -> str:
@@ -140,7 +147,6 @@ def recipe_summaries(
     summaries: dict[str, RecipeSummary] = {}
     for name, stages in index["recipes"].items():
         augmented = [results.get(s) for s in stages["rollout"].values()]
-        weights = [a.weight_stats for a in augmented if isinstance(a, AugmentedRef)]
         first_rollout = next(iter(stages["rollout"].values()), None)
         first = results.get(first_rollout) if first_rollout else None
         diagnose = next(iter(stages["diagnose"].values()), None)
@@ -162,13 +168,22 @@ def recipe_summaries(
                 for e in training.values()
                 if e["learner"] == stages["policy"] and e["recipe"] == PLAIN
             ]
+        refs = [a for a in augmented if isinstance(a, AugmentedRef)]
+        filters = [a.metrics["filter"] for a in refs if "filter" in a.metrics]
+        filtered = [f for f in filters if f.get("kind") != "none"]
         summaries[name] = RecipeSummary(
+            noise=[str(a.metrics["noise"]) for a in refs if a.metrics.get("noise") is not None],
+            calibrated=any(a.metrics.get("noise_calibration") for a in refs),
+            episodes_kept=sum(int(f.get("kept", 0)) for f in filtered) if filtered else None,
+            episodes_dropped=(
+                sum(int(f.get("dropped", 0)) for f in filtered) if filtered else None
+            ),
             weighting=stages["weighting"],
             policy=stages["policy"],
             rollout=first_rollout,
             augmented_rows=first.rows if isinstance(first, AugmentedRef) else None,
-            ess_fraction=_mean([w.get("ess_fraction") for w in weights]),
-            clipped_fraction=_mean([w.get("clipped_fraction") for w in weights]),
+            ess_fraction=_mean([a.weight_stats.get("ess_fraction") for a in refs]),
+            clipped_fraction=_mean([a.weight_stats.get("clipped_fraction") for a in refs]),
             ood_share=_dig(document, "coverage", "ood_fraction"),
             original_reward_per_step=_dig(document, "data", "original", "reward_mean"),
             augmented_reward_per_step=_dig(document, "data", "augmented", "reward_mean"),

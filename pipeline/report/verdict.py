@@ -1,7 +1,8 @@
 """The report's first section: does augmentation help? One row per recipe and learner.
 
 Reads ``metrics["verdict"]`` (:class:`offaug.pipeline.verdict.ArmVerdict` entries) and
-``metrics["recipes"]`` (each recipe's ESS/N, OOD share and reward per step): the arm's IQM with
+``metrics["recipes"]`` (each recipe's ESS/N, OOD share, reward per step, rollout noise and the
+filter's kept episodes): the arm's IQM with
 its interval, plain's, the IQM difference with its interval, P(improvement) and the outcome in
 colour, then the plain sentence and, where augmentation did not help, the reasons.
 """
@@ -44,6 +45,19 @@ def _rewards(recipe: Mapping[str, Any]) -> str:
     return f"{number(augmented)} vs {number(original)}"
 
 
+def _rollouts(recipe: Mapping[str, Any]) -> str:
+    """The noise the seeds' rollouts used (and whether calibration chose it) and the filter's
+    kept share of episodes."""
+    noises = list(dict.fromkeys(str(n) for n in recipe.get("noise") or []))
+    text = ", ".join(noises) if noises else "—"
+    if recipe.get("calibrated"):
+        text += " (calibrated)"
+    kept, dropped = recipe.get("episodes_kept"), recipe.get("episodes_dropped")
+    if kept is not None and dropped is not None:
+        text += f"; kept {kept} of {kept + dropped} episodes"
+    return html.escape(text)
+
+
 def verdict_html(metrics: Mapping[str, Any]) -> str:
     """The section's HTML (already escaped); a line saying why when there is no verdict."""
     verdicts = metrics.get("verdict") or []
@@ -66,6 +80,7 @@ def verdict_html(metrics: Mapping[str, Any]) -> str:
         "ESS/N",
         "OOD share",
         "reward/step aug. vs orig.",
+        "rollout noise; filter",
     ]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     rows = []
@@ -87,6 +102,7 @@ def verdict_html(metrics: Mapping[str, Any]) -> str:
             number(recipe.get("ess_fraction")),
             percent(recipe.get("ood_share")) if recipe.get("ood_share") is not None else "—",
             _rewards(recipe),
+            _rollouts(recipe),
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         reasons = "".join(f"<li>{html.escape(str(r))}</li>" for r in verdict.get("reasons") or [])

@@ -501,6 +501,9 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
     assert recipe["rollout"] == "rollout" and recipe["weighting"] == "behaviour"
     assert 0 < recipe["ess_fraction"] <= 1 and recipe["ood_share"] is not None
     assert recipe["augmented_reward_per_step"] is not None
+    # One noise per seed (the rollout default, uncalibrated); no filter, so no kept counts.
+    assert recipe["noise"] == [workflow.rollout.noise.text] * 2 and not recipe["calibrated"]
+    assert recipe["episodes_kept"] is None
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert page.index("<h2>Does augmentation help?</h2>") < page.index("<h2>Headline</h2>")
     assert "bc with mixed" in page

@@ -6,6 +6,7 @@ starts; the filter against the data's returns; a trained learner as the rollout 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -248,6 +249,18 @@ def test_the_baseline_compares_with_the_datas_own_continuation() -> None:
     # 18 over 3 steps (6 a step, below the data's 7.2) earns the data's whole episode: kept.
     # 17 over 2 steps beats the reward per step (7.2) but not the data's episodes.
     assert EpisodeFilter(baseline).keep(np.array([17.0]), short[:1], resets[:1])[0]
+
+    # A tolerance of 0.1 lets an episode fall short by a tenth of the expected return's size,
+    # whatever its length: the fallen reset (bar 18) passes at 16.2, not at 16.1; a branch
+    # expected to earn -10 (negative rewards) passes at -11, not at -11.1.
+    tolerant = EpisodeFilter(baseline, tolerance=0.1)
+    keep = tolerant.keep(np.array([16.2, 16.1]), short[:2], resets[:2], fell[:2])
+    np.testing.assert_array_equal(keep, [True, False])
+    negative = ReturnBaseline.from_transitions(dataclasses.replace(data, rewards=-rewards))
+    keep = EpisodeFilter(negative, tolerance=0.1).keep(
+        np.array([-11.0 + 1e-6, -11.1]), np.array([1, 1]), np.array([3, 3])
+    )
+    np.testing.assert_array_equal(keep, [True, False])
 
 
 def _bc(dataset_id: str, out: Path, steps: int = 60) -> Path:

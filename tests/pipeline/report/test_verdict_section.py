@@ -28,7 +28,15 @@ def _metrics() -> dict[str, Any]:
             "augmented_reward_per_step": -6.0,
             "original_reward_per_step": -2.5,
         },
-        "branch": {"weighting": "none", "ess_fraction": 0.9, "ood_share": 0.05},
+        "branch": {
+            "weighting": "none",
+            "ess_fraction": 0.9,
+            "ood_share": 0.05,
+            "noise": ["gaussian:0.01", "gaussian:0.003", "gaussian:0.01"],
+            "calibrated": True,
+            "episodes_kept": 30,
+            "episodes_dropped": 10,
+        },
         "mix": {"weighting": "behaviour"},
     }
     verdicts = judge(runs, recipes)  # type: ignore[arg-type]
@@ -53,6 +61,8 @@ def test_each_outcome_is_shown_in_its_colour_with_its_numbers_and_reasons() -> N
     assert "50.0%" in section and "-6 vs -2.5" in section
     assert "P(improvement)" in section and "[95% CI]" in section
     assert "score 55 (normalised)" in section
+    # The rollouts beside it: each noise the seeds used once, who chose it, what the filter kept.
+    assert "gaussian:0.01, gaussian:0.003 (calibrated); kept 30 of 40 episodes" in section
 
 
 def test_the_verdict_comes_first_and_a_run_without_one_says_why() -> None:
