@@ -358,6 +358,24 @@ def _submit_rollout(
     return client.submit(stages.merge_rollouts, [part], str(out), rollout, calibration, pure=False)
 
 
+def _plain_if_empty(plain: ModelRef, augmented: AugmentedRef, *train_args: Any) -> ModelRef:
+    """Plain's run when the rollouts kept no row (training on the data alone again under the
+    same config and seed would repeat it exactly), else the arm's own run."""
+    from offaug.pipeline import stages
+
+    if augmented.rows == 0:
+        return plain
+    learner, data, *rest = train_args
+    return stages.train_offline(learner, data, augmented, *rest)
+
+
+def _changes_training(recipe: str) -> bool:
+    """Whether a recipe's train overrides change a run on the data alone (learner configs or
+    state noise do; mixing and weighting act only on augmented rows)."""
+    train = RECIPES[recipe][1]
+    return bool(train.get("configs")) or train.get("state_noise") is not None
+
+
 def _score(model: ModelRef) -> float:
     evaluation = model.metrics.get("eval") or {}
     score = evaluation.get("normalised_score")
@@ -396,20 +414,31 @@ def _run_dataset(
     ) -> Any:
         # ``label`` names a rollout round's retrained policy apart from the recipe's own runs.
         key = (learner, label or recipe, seed)
-        if key not in trained:
-            overrides = {} if recipe == PLAIN else RECIPES[recipe][1]
+        if key in trained:
+            return trained[key]
+        overrides = {} if recipe == PLAIN else RECIPES[recipe][1]
+        args = (
+            _train_model(learner, overrides, name, sizes),
+            evaluation,
+            str(root / name / f"{learner}-{label or recipe}-s{seed}"),
+            seed,
+            1,
+        )
+        if recipe == PLAIN or augmented is None or _changes_training(recipe):
             trained[key] = client.submit(
                 stages.train_offline,
                 learner,
                 data,
                 augmented,
-                _train_model(learner, overrides, name, sizes),
-                evaluation,
-                str(root / name / f"{learner}-{label or recipe}-s{seed}"),
-                seed,
-                1,
+                *args,
                 plain=recipe == PLAIN,
                 pure=False,
+            )
+        else:
+            # Waits for plain's run of the seed, then repeats it only if rows were kept.
+            plain = submit_train(learner, PLAIN, seed, None)
+            trained[key] = client.submit(
+                _plain_if_empty, plain, augmented, learner, data, *args, pure=False
             )
         return trained[key]
 

@@ -238,3 +238,21 @@ def test_a_recipes_learner_configs_add_to_the_datasets() -> None:
     # Other learners train on the same rollouts with their own configs.
     td3bc = bench._train_model("td3bc", combo, "hopper-expert-narrow", bench.FULL).configs["td3bc"]
     assert "conservative_rows" not in td3bc
+
+
+def test_an_arm_whose_rollouts_kept_nothing_is_plains_run() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_augmentation as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from offaug.pipeline.layout import AugmentedRef, ModelRef
+
+    plain = ModelRef(name="cql", path="plain/checkpoint.pt", checksum="", metrics={})
+    empty = AugmentedRef("aug", 0, 0, 0, "", {}, 0)
+    # No training happens: the arguments after the rollouts are never read.
+    assert bench._plain_if_empty(plain, empty, "cql", None) is plain
+    # Mixing and weighting act only on augmented rows; learner configs and state noise do not.
+    assert not bench._changes_training("td3bc-reset-calibrated-30k-rows")
+    assert bench._changes_training("combo-reset-0.1")
+    assert bench._changes_training("state-noise")
