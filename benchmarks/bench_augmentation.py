@@ -358,15 +358,16 @@ def _submit_rollout(
     return client.submit(stages.merge_rollouts, [part], str(out), rollout, calibration, pure=False)
 
 
-def _plain_if_empty(plain: ModelRef, augmented: AugmentedRef, *train_args: Any) -> ModelRef:
+def _plain_if_empty(
+    plain: ModelRef, augmented: AugmentedRef, learner: str, data: DatasetRef, *train_args: Any
+) -> ModelRef:
     """Plain's run when the rollouts kept no row (training on the data alone again under the
     same config and seed would repeat it exactly), else the arm's own run."""
     from offaug.pipeline import stages
 
     if augmented.rows == 0:
         return plain
-    learner, data, *rest = train_args
-    return stages.train_offline(learner, data, augmented, *rest)
+    return stages.train_offline(learner, data, augmented, *train_args)
 
 
 def _changes_training(recipe: str) -> bool:

@@ -189,9 +189,7 @@ def model_rollout_task(
         meta=meta,
         horizon=config.horizon,
         start_rows=rows.astype(np.int64),
-        episode_filter=data_filter(
-            original, config.filter, config.filter_margin, config.filter_tolerance
-        ),
+        episode_filter=data_filter(original, config),
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)

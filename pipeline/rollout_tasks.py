@@ -18,7 +18,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -145,7 +145,7 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
     }
     start_states = dataset_start_states(data) if branch else None
     probabilities = dataset_start_probabilities(data, config) if branch else None
-    episode_filter = data_filter(data, config.filter, config.filter_margin, config.filter_tolerance)
+    episode_filter = data_filter(data, config)
     pool_key = json.dumps([data.meta.get("env_spec"), task.env_id, kwargs], sort_keys=True)
     pool = _ENV_POOL.setdefault(pool_key, [])
     taken: list[Any] = []
@@ -199,13 +199,25 @@ def dataset_start_probabilities(
     raise ValueError(f"starts={config.starts!r} needs the model backend")
 
 
-def data_filter(
-    data: Transitions, kind: FilterKind, margin: float, tolerance: float = 0.0
-) -> EpisodeFilter | None:
+class FilterSettings(Protocol):
+    """The filter fields a rollout config carries (:class:`RolloutConfig` and the workflow's
+    rollout section alike)."""
+
+    @property
+    def filter(self) -> FilterKind: ...
+    @property
+    def filter_margin(self) -> float: ...
+    @property
+    def filter_tolerance(self) -> float: ...
+
+
+def data_filter(data: Transitions, settings: FilterSettings) -> EpisodeFilter | None:
     """The episode filter of ``filter: data`` (None for ``none``)."""
-    if kind == "none":
+    if settings.filter == "none":
         return None
-    return EpisodeFilter(ReturnBaseline.from_transitions(data), margin, tolerance)
+    return EpisodeFilter(
+        ReturnBaseline.from_transitions(data), settings.filter_margin, settings.filter_tolerance
+    )
 
 
 def filter_counts(results: Sequence[RolloutShard]) -> dict[str, int]:
