@@ -72,6 +72,8 @@ from offaug.algorithms.losses import (
     temperature_loss,
 )
 from offaug.algorithms.networks import CriticEnsemble, LearnedScalar, TanhGaussianActor
+from offaug.algorithms.statistics import ObservationNormaliser, observation_moments
+from offaug.datasets.sampler import MixtureSampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +129,10 @@ class CQLConfig:
     (the first source; COMBO, Yu et al. 2021), with the log-sum-exp still pushed down at every
     row's state. With augmented data, ``original`` lets its transitions train the critics by TD
     without counting its actions as the data's; on one source both are CQL."""
+    normalise_observations: bool = False
+    """Standardise observations with the training data's mean and std (taken once, before the
+    first step, and kept in the checkpoint): d3rlpy's ``observation_scaler="standard"`` and
+    CORL's ``normalize``. Off by default, as in d3rlpy's ``CQLConfig()``."""
 
     def __post_init__(self) -> None:
         if self.soft_q_backup and self.max_q_backup:
@@ -205,6 +211,7 @@ class CQL:
         cfg = self.config
         obs_dim, act_dim = spaces.observation_dim, spaces.action_dim
         self.normaliser = ActionNormaliser(spaces).to(self.device)
+        self.observation_normaliser = ObservationNormaliser(obs_dim).to(self.device)
         self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden).to(self.device)
         self.critic = CriticEnsemble(obs_dim, act_dim, cfg.hidden, cfg.n_critics).to(self.device)
         self.critic_target = frozen_copy(self.critic)
@@ -228,6 +235,11 @@ class CQL:
         # Log-density of the uniform proposal on the normalised box [-1, 1]^act.
         self.random_log_density = -act_dim * math.log(2.0)
         self.steps = 0
+
+    def prepare(self, sampler: MixtureSampler) -> None:
+        """Take the observation mean and std of the data ``sampler`` draws from (if asked)."""
+        if self.config.normalise_observations:
+            self.observation_normaliser.set_moments(*observation_moments(sampler))
 
     @property
     def reads_sources(self) -> bool:
@@ -288,7 +300,9 @@ class CQL:
             noise = self.draw_noise(len(batch.rewards), Draws(self.device))
         hyper = self.hyperparameters() if hyper is None else hyper
         n = cfg.n_action_samples
-        obs, next_obs, weights = batch.observations, batch.next_observations, batch.weights
+        obs = self.observation_normaliser(batch.observations)
+        next_obs = self.observation_normaliser(batch.next_observations)
+        weights = batch.weights
         batch_size, act_dim = obs.shape[0], self.spaces.action_dim
         actions = self.normaliser(batch.actions)  # (B, act) in [-1, 1]
         temperature = self.log_temperature.detach().exp()
@@ -434,31 +448,34 @@ class CQL:
     @torch.no_grad()
     def act(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
         """Deterministic actions ``tanh(mean)`` in the environment's action space."""
-        action = self.actor.deterministic(to_tensor(observations, self.device))
-        return self.normaliser.inverse(action).cpu().numpy()
+        obs = self.observation_normaliser(to_tensor(observations, self.device))
+        return self.normaliser.inverse(self.actor.deterministic(obs)).cpu().numpy()
 
     @torch.no_grad()
     def policy_log_prob(self, observations: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """``log pi(a|s)`` of environment-space actions (``base.PolicyDensity``)."""
-        return self.actor.env_log_prob(observations, actions, self.normaliser)
+        obs = self.observation_normaliser(observations)
+        return self.actor.env_log_prob(obs, actions, self.normaliser)
 
     @torch.no_grad()
     def q_values(
         self, observations: npt.NDArray[np.float32], actions: npt.NDArray[Any]
     ) -> npt.NDArray[np.float32]:
         """``min_e Q_e(s, a)`` of environment-space actions: ``(B, obs), (B, act) -> (B,)``."""
-        obs = to_tensor(observations, self.device)
+        obs = self.observation_normaliser(to_tensor(observations, self.device))
         normalised = self.normaliser(to_tensor(actions, self.device))
         return ensemble_values(self.critic, obs, normalised).min(0).values.cpu().numpy()
 
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Networks, target critics, log temperature and alpha, optimisers and step count."""
+        """Networks, target critics, observation moments, log temperature and alpha, optimisers
+        and step count."""
         return {
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict(),
             "critic_target": self.critic_target.state_dict(),
+            "observation_normaliser": self.observation_normaliser.state_dict(),
             "log_temperature": self.log_temperature.detach().clone(),
             "log_alpha": self.log_alpha.detach().clone(),
             "actor_optimizer": self.actor_optimizer.state_dict(),
@@ -473,6 +490,9 @@ class CQL:
         self.actor.load_state_dict(state["actor"])
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])
+        # A checkpoint from before observation normalisation existed trained on raw ones.
+        identity = ObservationNormaliser(self.spaces.observation_dim).state_dict()
+        self.observation_normaliser.load_state_dict(state.get("observation_normaliser", identity))
         with torch.no_grad():
             self.log_temperature.copy_(state["log_temperature"])
             self.log_alpha.copy_(state["log_alpha"])

@@ -60,6 +60,7 @@ def cql_fused_spec(trainer: CQL) -> FusedSpec:
             "log_temperature": trainer.log_temperature_module,
             "log_alpha": trainer.log_alpha_module,
             "normaliser": trainer.normaliser,
+            "observation_normaliser": trainer.observation_normaliser,
         },
         optimizers=optimizers,
         targets={"critic_target": "critic"},

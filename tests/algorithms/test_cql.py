@@ -29,7 +29,8 @@ from offaug.algorithms.discrete_cql import (
 from offaug.algorithms.distributions import tanh_gaussian
 from offaug.algorithms.fusing import Draws
 from offaug.algorithms.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
-from offaug.algorithms.train import TrainOptions, load_trainer, train
+from offaug.algorithms.statistics import observation_moments
+from offaug.algorithms.train import TrainOptions, load_trainer, make_sampler, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4}
@@ -319,6 +320,44 @@ def test_bc_warm_start_moves_the_policy_to_the_data_actions(hopper) -> None:
         distances[bc_steps] = float(np.abs(trainer.act(data.observations[:256]) - 0.5).mean())
     # Measured: 0.42 without the warm start, 0.04 with it.
     assert distances[300] < 0.1 < distances[0]
+
+
+def test_observation_normalisation_is_taken_once_and_applied_everywhere(hopper) -> None:
+    trainer = _cql(hopper, normalise_observations=True)
+    make_sampler(trainer, [hopper])
+    mean, std = observation_moments(MixtureSampler([hopper], 32))
+    torch.testing.assert_close(trainer.observation_normaliser.mean, torch.from_numpy(mean))
+    torch.testing.assert_close(trainer.observation_normaliser.std, torch.from_numpy(std))
+    for batch in _batches(hopper, 3):
+        trainer.update(batch)
+    obs, actions = hopper.observations[:8], hopper.actions[:8]
+    standardised = (torch.tensor(np.asarray(obs)) - torch.from_numpy(mean)) / torch.from_numpy(std)
+    with torch.no_grad():
+        expected = trainer.normaliser.inverse(trainer.actor.deterministic(standardised))
+        q = trainer.critic(standardised, trainer.normaliser(torch.tensor(np.asarray(actions))))
+    np.testing.assert_array_equal(trainer.act(obs), expected.numpy())
+    np.testing.assert_allclose(trainer.q_values(obs, actions), q.min(0).values.numpy(), atol=1e-6)
+    # The moments travel in the checkpoint, so a restored trainer acts the same without data.
+    fresh = _cql(hopper, seed=9, normalise_observations=True)
+    fresh.load_state_dict(trainer.state_dict())
+    np.testing.assert_array_equal(fresh.act(obs), trainer.act(obs))
+
+
+def test_observations_stay_raw_by_default_and_old_checkpoints_load(hopper) -> None:
+    trainer = _cql(hopper)
+    make_sampler(trainer, [hopper])
+    assert torch.equal(trainer.observation_normaliser.std, torch.ones(hopper.observations.shape[1]))
+    # A checkpoint written before observation normalisation existed: the identity.
+    state = trainer.state_dict()
+    del state["observation_normaliser"]
+    fresh = _cql(hopper, seed=9, normalise_observations=True)
+    fresh.observation_normaliser.set_moments(
+        np.full(hopper.observations.shape[1], 5.0, np.float32),
+        np.full(hopper.observations.shape[1], 2.0, np.float32),
+    )
+    fresh.load_state_dict(state)
+    obs = hopper.observations[:8]
+    np.testing.assert_array_equal(fresh.act(obs), trainer.act(obs))
 
 
 def test_continuous_cql_refuses_discrete_actions(cartpole) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from offaug.algorithms.batch import TorchBatch
+from offaug.algorithms.cql import CQL
 from offaug.algorithms.fused import FusedTrainer, stack_batches
 from offaug.algorithms.train import TrainOptions, load_trainer, train
 from offaug.algorithms.train_fused import build_members, member_configs, train_fused
@@ -153,13 +154,24 @@ def test_per_member_hyperparameters_reach_their_member(hopper: Transitions) -> N
         {"max_q_backup": True},
         {"n_critics": 3},
         {"bc_steps": 10},  # 20 updates: the warm start ends half-way
+        {"normalise_observations": True},
     ],
-    ids=["fixed-alpha", "soft-backup", "max-backup", "three-critics", "bc-warm-start"],
+    ids=[
+        "fixed-alpha",
+        "soft-backup",
+        "max-backup",
+        "three-critics",
+        "bc-warm-start",
+        "normalised-observations",
+    ],
 )
 def test_cql_variants_fuse_as_single_runs(hopper: Transitions, overrides: dict[str, Any]) -> None:
     configs = member_configs("cql", {**SMALL["cql"], **overrides}, 2)
     fused, singles, _ = fused_and_single_runs("cql", [[hopper]] * 2, configs, 20)
     assert fused.frozen == []
+    if overrides.get("normalise_observations"):  # the members were prepared on their data
+        std = cast(CQL, singles[0]).observation_normaliser.std
+        assert not torch.equal(std, torch.ones_like(std))
     for k, single in enumerate(singles):
         assert_states_close(fused.member_state_dict(k), single.state_dict())
 
