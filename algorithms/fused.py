@@ -20,7 +20,9 @@ Learners whose losses are member-agnostic (:attr:`~offaug.algorithms.fusing.Fuse
 skip ``vmap``: their losses run once on the stacked parameters, each layer one ``baddbmm`` over
 the member axis. Under ``vmap`` the same loss costs about twice the operations (a linear layer
 becomes a batched multiply, an expand and an add; every op goes through a batching rule), which
-at 64x64 is most of a step.
+at 64x64 is most of a step. Looped learners (CQL and BCQ on a CPU, :attr:`FusedTrainer.looped`)
+run each member's loss and its backward pass in turn on that member's row of the buffers, so one
+member's activations are live at a time; only the Adam step and the Polyak update are fused.
 
 Batched and single matrix multiplies round differently, so a member agrees with its single-seed
 run to float32 rounding, not bit for bit.
@@ -35,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import vmap
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from offaug.algorithms.base import Trainer
 from offaug.algorithms.batch import TorchBatch
@@ -63,8 +65,8 @@ class FusedTrainer:
         generators: Each member's torch generator, continuing the stream its single-seed run
             draws noise from (see :func:`member_generator`).
         seeds: Each member's seed, to name frozen members by.
-        looped: Run the members' losses one after another instead of under ``vmap`` (the
-            parameters, the backward pass and the optimiser steps stay fused). None: on the CPU
+        looped: Run each member's loss and backward pass in turn instead of under ``vmap``
+            (the parameters and the optimiser steps stay fused). None: on the CPU
             for learners that set ``fuses_on_cpu = False`` (CQL, BCQ), whose multiplies are
             large enough that K plain ones beat the batched one ``vmap`` makes of them.
         stacked: Run the losses once on the stacked parameters, without ``vmap`` (see the
@@ -175,10 +177,14 @@ class FusedTrainer:
         for phase, tensors in zip(self.spec.phases, self._inputs, strict=True):
             if self.steps < phase.start or self.steps % phase.every:
                 continue
-            loss, phase_metrics = self._losses(phase, tensors, fields, noise, hyper)
+            if self.looped:
+                loss, phase_metrics, grads = self._looped(phase, tensors, fields, noise, hyper)
+            else:
+                loss, phase_metrics = self._losses(phase, tensors, fields, noise, hyper)
+                grads = self._gradients(phase, loss)
             metrics.update(phase_metrics)
             self.active = self.active & torch.isfinite(loss)
-            self._step(phase, tensors, loss, hyper)
+            self._step(phase, grads, hyper)
             for name in self.carried.keys() & phase_metrics.keys():
                 self.carried[name] = phase_metrics[name]
         self.member_steps += self.active
@@ -193,25 +199,50 @@ class FusedTrainer:
         noise: Any,
         hyper: Any,
     ) -> Any:
-        """Every member's loss and metrics, stacked: ``(K,)`` each."""
+        """Every member's loss and metrics, stacked: ``(K,)`` each (stacked or under vmap)."""
         if self.stacked:
             return self._member_loss(phase)(tensors, fields, noise, hyper)
-        if not self.looped:
-            member_loss = self._member_loss(phase)
-            return vmap(member_loss, randomness="error")(tensors, fields, noise, hyper)
+        member_loss = self._member_loss(phase)
+        return vmap(member_loss, randomness="error")(tensors, fields, noise, hyper)
+
+    def _looped(
+        self,
+        phase: Phase,
+        tensors: dict[str, torch.Tensor],
+        fields: dict[str, torch.Tensor],
+        noise: Any,
+        hyper: Any,
+    ) -> tuple[torch.Tensor, Any, dict[str, torch.Tensor]]:
+        """Members one after another: each member's loss as its single-seed run computes it and
+        its backward pass right after, so one member's activations are live at a time (K graphs
+        held for one backward pass outgrow the cache at CQL's sizes). Returns the stacked losses
+        and metrics, as vmap stacks them, and each trained module's ``(K, P)`` gradient."""
         if phase.looped_loss is not None:
             phase = dataclasses.replace(phase, loss=phase.looped_loss)
         member_loss = self._member_loss(phase)
-        # Each member's slice of every input (unbind's backward is one stack per leaf), its
-        # loss as a single-seed run computes it, then the outputs stacked as vmap stacks them.
-        leaves, layout = tree_flatten((tensors, fields, noise, hyper))
-        slices = [leaf.unbind(0) for leaf in leaves]
-        outputs = [
-            tree_flatten(member_loss(*tree_unflatten([s[k] for s in slices], layout)))
-            for k in range(self.members)
-        ]
+        modules = [self.spec.optimizers[o].module for o in phase.optimizers]
+        grads = {m: torch.zeros_like(self.flats[m].flat) for m in modules}
+        trained = [(m, name, f"parts.{m}.{name}") for m in modules for name in self.flats[m].names]
+        own_keys = [key for _, _, key in trained]
+        leaves, layout = tree_flatten((fields, noise, hyper))
+        outputs = []
+        for k in range(self.members):
+            # The member's own leaves: row k of each trained parameter, detached, so its
+            # backward pass reaches only its own slice and frees its graph before the next.
+            own = [tensors[key][k].detach().requires_grad_(True) for _, _, key in trained]
+            inputs = {key: t[k] for key, t in tensors.items() if key not in own_keys}
+            inputs.update(zip(own_keys, own, strict=True))
+            rest = tree_unflatten([leaf[k] for leaf in leaves], layout)
+            output = member_loss(inputs, *rest)
+            parts = torch.autograd.grad(output[0], own, allow_unused=True)
+            with torch.no_grad():
+                for (module, name, _), part in zip(trained, parts, strict=True):
+                    if part is not None:
+                        grads[module][k, self.flats[module].slices[name]] = part.reshape(-1)
+            outputs.append(tree_flatten(tree_map(_detached, output)))
         stacked = [torch.stack(parts) for parts in zip(*(o[0] for o in outputs), strict=True)]
-        return tree_unflatten(stacked, outputs[0][1])
+        loss, metrics = tree_unflatten(stacked, outputs[0][1])
+        return loss, metrics, grads
 
     def _member_loss(self, phase: Phase) -> Any:
         def member(
@@ -226,23 +257,29 @@ class FusedTrainer:
 
         return member
 
-    def _step(
-        self, phase: Phase, tensors: dict[str, torch.Tensor], loss: torch.Tensor, hyper: Any
-    ) -> None:
-        groups = [self.flats[self.spec.optimizers[o].module] for o in phase.optimizers]
-        leaves = [leaf for group in groups for leaf in group.leaves.values()]
+    def _gradients(self, phase: Phase, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each trained module's ``(K, P)`` gradient from one backward pass of the summed losses
+        (the members' parameters are disjoint, so each row is its member's own gradient)."""
+        modules = [self.spec.optimizers[o].module for o in phase.optimizers]
+        leaves = [leaf for m in modules for leaf in self.flats[m].leaves.values()]
         grads = torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
         parts = [
             torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)
         ]
+        joined: dict[str, torch.Tensor] = {}
+        start = 0
+        for module in modules:
+            count = len(self.flats[module].names)
+            joined[module] = self.flats[module].join(parts[start : start + count])
+            start += count
+        return joined
+
+    def _step(self, phase: Phase, grads: Mapping[str, torch.Tensor], hyper: Any) -> None:
         active = self.active[:, None]
         # On the CPU the mask is read for free; elsewhere the masked path avoids a device sync.
         all_active = self.device.type == "cpu" and bool(self.active.all())
-        start = 0
-        for name, group in zip(phase.optimizers, groups, strict=True):
-            count = len(group.names)
-            grad = group.join(parts[start : start + count])
-            start += count
+        for name in phase.optimizers:
+            grad = grads[self.spec.optimizers[name].module]
             key = self.spec.optimizers[name].learning_rate
             lr = hyper[key]
             # Members with one rate (the same config, the same schedule) take the fused kernel.
@@ -296,6 +333,10 @@ class FusedTrainer:
         """What member ``index``'s single-seed trainer's ``state_dict`` would be."""
         state: dict[str, Any] = self.member(index).state_dict()
         return state
+
+
+def _detached(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def _row_buffers(buffers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:

@@ -80,8 +80,8 @@ def fusing_pays(algorithm: str, device: torch.device) -> bool:
     On a GPU every fusable learner: one small seed leaves most of the device idle. On a CPU only
     those whose trainer does not set ``fuses_on_cpu = False``: CQL and BCQ score many sampled
     actions per step, so their steps are arithmetic-bound already: fused (with their member
-    losses looped on the CPU, ``FusedTrainer.looped``) they gain about a tenth per seed, less
-    than a cluster's workers gain by running the seeds in parallel (``bench_fused``'s records in
+    losses looped on the CPU, ``FusedTrainer.looped``) they gain little per seed, less than a
+    cluster's workers gain by running the seeds in parallel (``bench_fused``'s records in
     docs/performance.md).
     """
     if not fusable(algorithm):
