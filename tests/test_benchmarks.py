@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,21 @@ def test_an_arm_whose_rollouts_kept_nothing_is_plains_run() -> None:
     assert not bench._changes_training("td3bc-reset-calibrated-30k-rows")
     assert bench._changes_training("combo-reset-0.1")
     assert bench._changes_training("state-noise")
+
+
+def test_a_recipes_rollout_policy_budget_is_not_a_rollout_knob() -> None:
+    """``policy_steps`` sets the rollout policy's own training budget: the rollout config
+    validates without it, and the policy's train config takes it over the dataset's."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_augmentation as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    rollout, _ = bench.RECIPES["td3bc30k-reset-calibrated-30k-rows"]
+    data = types.SimpleNamespace(rows=50_000, episodes=50)
+    model = bench._rollout_model(rollout, data, bench.FULL)
+    assert model.policy == "td3bc" and model.episodes == 30
+    policy = bench._train_model(
+        "td3bc", {"steps": rollout["policy_steps"]}, "halfcheetah-medium", bench.FULL
+    )
+    assert policy.steps == 30_000 != bench._train_steps("halfcheetah-medium", bench.FULL)
