@@ -53,6 +53,7 @@ from offaug.algorithms.cql_fused import cql_fused_spec
 from offaug.algorithms.cql_losses import (
     ALPHA_MAX,
     alpha_loss,
+    backup_values,
     conservative_gap,
     conservative_penalty,
     original_rows_gap,
@@ -319,8 +320,14 @@ class CQL:
         )  # (n + 1, 2B, act), (n + 1, 2B)
 
         with torch.no_grad():
-            next_values = self._next_values(
-                next_obs, next_mean, sampled[:, batch_size:], log_prob[:, batch_size:], temperature
+            next_values = backup_values(
+                self.config.backup,
+                self.critic_target,
+                next_obs,
+                next_mean,
+                sampled[:, batch_size:],
+                log_prob[:, batch_size:],
+                temperature,
             )
             target = td_target(batch.rewards, batch.terminals, next_values, hyper["gamma"])
 
@@ -418,30 +425,6 @@ class CQL:
     def fused_spec(self) -> FusedSpec:
         """The update as one phase of every optimiser (:mod:`offaug.algorithms.cql_fused`)."""
         return cql_fused_spec(self)
-
-    def _next_values(
-        self,
-        next_obs: torch.Tensor,
-        next_mean: torch.Tensor,
-        next_sampled: torch.Tensor,
-        next_log_prob: torch.Tensor,
-        temperature: torch.Tensor,
-    ) -> torch.Tensor:
-        """``V(s')`` of the chosen backup: ``(B,)``. ``next_sampled`` is ``(n + 1, B, act)``."""
-        backup = self.config.backup
-        if backup == "mean":
-            action = torch.tanh(next_mean)
-            return ensemble_values(self.critic_target, next_obs, action).min(0).values
-        if backup == "soft":
-            q_next = ensemble_values(self.critic_target, next_obs, next_sampled[0])
-            return q_next.min(0).values - temperature * next_log_prob[0]
-        n, batch_size, act_dim = next_sampled[1:].shape
-        # (n, B, obs) -> (n * B, obs); the actions likewise.
-        repeated = next_obs.unsqueeze(0).expand(n, -1, -1).reshape(-1, next_obs.shape[-1])
-        q_next = ensemble_values(
-            self.critic_target, repeated, next_sampled[1:].reshape(-1, act_dim)
-        )
-        return q_next.view(-1, n, batch_size).min(0).values.max(0).values  # (E, n, B) -> (B,)
 
     # -- inference -----------------------------------------------------------------------------
 

@@ -1,13 +1,19 @@
-"""CQL's own pure losses: the importance-sampled conservative gap, its penalty and the Lagrange
-dual. ``E`` critics, ``B`` transitions, ``S`` sampled actions per state. The TD, actor and
-temperature losses are SAC's (:mod:`offaug.algorithms.losses`).
+"""CQL's own pure losses: the importance-sampled conservative gap, its penalty, the Lagrange
+dual and the value of its three backups. ``E`` critics, ``B`` transitions, ``S`` sampled actions
+per state. The TD, actor and temperature losses are SAC's (:mod:`offaug.algorithms.losses`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import torch
 
 from offaug.algorithms.base import weighted_mean
+from offaug.algorithms.kernels import ensemble_values
+
+if TYPE_CHECKING:
+    from offaug.algorithms.networks import CriticEnsemble
 
 ALPHA_MAX = 1e6
 """Upper clip of the conservative weight ``exp(log_alpha)`` (d3rlpy and the authors' code)."""
@@ -76,3 +82,27 @@ def alpha_loss(
     alpha = log_alpha.exp().clamp(0.0, ALPHA_MAX)
     gap_mean = weighted_mean(gap.detach().mean(0), weights)
     return -alpha * conservative_weight * (gap_mean - threshold)
+
+
+def backup_values(
+    backup: Literal["mean", "soft", "max"],
+    critic_target: CriticEnsemble,
+    next_obs: torch.Tensor,
+    next_mean: torch.Tensor,
+    next_sampled: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    temperature: torch.Tensor,
+) -> torch.Tensor:
+    """``V(s')`` of the chosen backup: ``(B,)``. ``next_sampled`` is ``(n + 1, B, act)`` policy
+    actions at ``s'`` and ``next_log_prob`` ``(n + 1, B)`` their log-densities."""
+    if backup == "mean":
+        action = torch.tanh(next_mean)
+        return ensemble_values(critic_target, next_obs, action).min(0).values
+    if backup == "soft":
+        q_next = ensemble_values(critic_target, next_obs, next_sampled[0])
+        return q_next.min(0).values - temperature * next_log_prob[0]
+    n, batch_size, act_dim = next_sampled[1:].shape
+    # (n, B, obs) -> (n * B, obs); the actions likewise.
+    repeated = next_obs.unsqueeze(0).expand(n, -1, -1).reshape(-1, next_obs.shape[-1])
+    q_next = ensemble_values(critic_target, repeated, next_sampled[1:].reshape(-1, act_dim))
+    return q_next.view(-1, n, batch_size).min(0).values.max(0).values  # (E, n, B) -> (B,)
