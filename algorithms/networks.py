@@ -1,8 +1,9 @@
 """Networks shared by every offaug learner.
 
 * :class:`MLP` and :class:`EnsembleMLP` (``E`` independent MLPs evaluated in one batched
-  matrix multiply per layer: ``torch.baddbmm``, no Python loop over members), each with an
-  optional LayerNorm after every hidden layer (:class:`EnsembleLayerNorm` per member);
+  matrix multiply per layer, :func:`~offaug.algorithms.kernels.batched_affine`, no Python loop
+  over members), each with an optional LayerNorm after every hidden layer
+  (:class:`EnsembleLayerNorm` per member);
 * :class:`CriticEnsemble` (continuous Q(s, a), ``E`` critics at once) and
   :class:`DiscreteCriticEnsemble` (Q(s, .) for every discrete action);
 * :class:`TanhGaussianActor` (SAC/CQL), :class:`DeterministicActor`,
@@ -33,7 +34,7 @@ from offaug.algorithms.distributions import (
     tanh_gaussian_log_prob,
     truncated_normal_log_prob,
 )
-from offaug.algorithms.kernels import ensemble_mlp
+from offaug.algorithms.kernels import batched_affine, ensemble_mlp
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
@@ -85,10 +86,10 @@ class MLP(nn.Module):
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``nn.Linear``'s map; with a stacked run's weights ``(K, out, in)`` (a fused trainer's
-    ``stacked`` losses) member ``k``'s layer on rows ``x[k]``: one ``baddbmm``."""
+    ``stacked`` losses) member ``k``'s layer on rows ``x[k]``: one batched multiply."""
     if weight.dim() == 2:
         return F.linear(x, weight, bias)
-    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+    return batched_affine(x, weight.transpose(1, 2), bias.unsqueeze(1))
 
 
 class EnsembleLinear(nn.Module):
@@ -104,7 +105,7 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias, x, self.weight)
+        return batched_affine(x, self.weight, self.bias)
 
 
 class EnsembleLayerNorm(nn.Module):
@@ -187,9 +188,9 @@ class EnsembleMLP(nn.Module):
             bias: torch.Tensor = layer.bias
             if i > 0:
                 weight, bias = norms[i - 1].fold(weight, bias)
-            x = torch.baddbmm(bias, x, weight)
+            x = batched_affine(x, weight, bias)
             if i < len(norms):
-                x = norms[i].normalise(x.relu_())  # in place on baddbmm's fresh output
+                x = norms[i].normalise(x.relu_())  # in place on the multiply's fresh output
         return x
 
     def _stacked(
@@ -197,7 +198,7 @@ class EnsembleMLP(nn.Module):
     ) -> torch.Tensor:
         """A stacked fused run's K ensembles (weights ``(K, E, in, out)``) on each member's rows
         ``(K, B, in)``, or ``(K, E, B, in)`` per critic: ``-> (K, E, B, out)``, the K * E
-        networks as one ``baddbmm`` per layer."""
+        networks as one batched multiply per layer."""
         if self.norms is not None:
             raise ValueError("a stacked run cannot evaluate LayerNorm ensembles")
         members, critics = affines[0][0].shape[:2]
@@ -215,14 +216,17 @@ class EnsembleMLP(nn.Module):
 
     def member(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Member ``index`` alone: ``(B, in) -> (B, out)``, one ``addmm`` per layer (a stacked
-        run's ``(K, B, in) -> (K, B, out)``, one ``baddbmm``)."""
+        run's ``(K, B, in) -> (K, B, out)``, one batched multiply)."""
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, EnsembleLinear)
             # The ensemble axis is third from the end: (E, in, out), stacked (K, E, in, out).
             weight, bias = layer.weight.select(-3, index), layer.bias.select(-3, index)
-            multiply = torch.addmm if weight.dim() == 2 else torch.baddbmm
-            x = multiply(bias, x, weight)
+            x = (
+                torch.addmm(bias, x, weight)
+                if weight.dim() == 2
+                else batched_affine(x, weight, bias)
+            )
             if i < last:
                 x = x.relu_()
                 if self.norms is not None:

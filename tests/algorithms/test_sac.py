@@ -262,9 +262,11 @@ def test_train_online_repeats_and_records_in_order() -> None:
 
 @pytest.mark.slow
 def test_online_sac_beats_the_random_policy_on_pendulum() -> None:
-    """A learning check: 4,000 steps take Pendulum from about -1,250 (random) to about -100.
+    """A learning check: 6,000 steps take Pendulum from about -1,250 (random) to -125..-171
+    (seeds 0, 3, 4). At 4,000 steps some seeds are still on the way (-650 for seeds 3 and 4),
+    and a change in the critics' rounding order alone moved seed 0 from -127 to -972 there.
 
-    About 10 s on a quiet core, 30 s on a shared, oversubscribed 2-core machine: hence slow.
+    Some 10-40 s, depending on how busy the machine is: hence slow.
     """
     config = SACConfig(
         hidden=(64, 64),
@@ -275,7 +277,7 @@ def test_online_sac_beats_the_random_policy_on_pendulum() -> None:
         temp_learning_rate=1e-3,
         initial_temperature=0.1,
     )
-    result = train_online("Pendulum-v1", 4_000, config, seed=0, eval_every=0, eval_episodes=5)
+    result = train_online("Pendulum-v1", 6_000, config, seed=0, eval_every=0, eval_episodes=5)
     env = make_env({}, "Pendulum-v1")
     env.action_space.seed(0)
     random_return = evaluate(
