@@ -73,8 +73,8 @@ class _BatchedAffine(torch.autograd.Function):
 
     A batched multiply ``(m, k) @ (k, n)`` with a small ``n`` or ``k`` runs far below the
     CPU's arithmetic rate (MKL's batched kernels are built for wide outputs; a plain ``mm``
-    does not suffer so): a critic's ``64 -> 1`` output layer over an ensemble of ten took as
-    long as a ``64 -> 64`` layer, forward and backward. For a layer that narrows
+    does not suffer so), which made a critic's one-unit output layer cost about as much as a
+    hidden layer (docs/performance.md, "Many seeds in one process"). For a layer that narrows
     (``out < in``, the only kind :func:`batched_affine` sends here) each product is taken the
     way round whose output is widest: the weight's gradient ``x^T g`` as ``(g^T x)^T``, a
     one-unit layer's output as ``(w^T x^T)^T``, its input gradient as a broadcast product.

@@ -18,7 +18,14 @@ Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x
 arithmetic limit already); 256x256 1.1x for all. BCQ trains on batches of 100 (its default, as
 in ``bench_algorithms``), the others on 256.
 
-Usage: ``python benchmarks/bench_fused.py [--quick] [--only bc,td3bc,iql,cql,bcq]
+``affine`` (in ``--only``) times the layer every stacked run and critic ensemble is built on,
+:func:`offaug.algorithms.kernels.batched_affine`, forward and backward, against
+``torch.baddbmm`` (autograd's own backward) at the narrowing layers' shapes of those runs: a
+critic head ``64 -> 1`` over the ``K x E = 10`` networks of a K = 5 TD3+BC or IQL run and over a
+single run's two critics, a K = 5 BC actor's ``64 -> 3`` head (``nn.Linear`` layout), and the
+``256 -> 1`` head at 256x256.
+
+Usage: ``python benchmarks/bench_fused.py [--quick] [--only bc,td3bc,iql,cql,bcq,affine]
 [--hidden 64,256]``; JSON lines.
 """
 
@@ -35,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     Reporter,
+    calibrate,
     d3rlpy_update_block,
     interleave_many,
     learner_data,
@@ -183,18 +191,101 @@ def _measure(
         )
 
 
+AFFINE_SHAPES = {
+    # name: (networks, rows, inputs, outputs, nn.Linear layout)
+    "critic_head_k5_e2_64": (10, 256, 64, 1, False),
+    "critic_head_single_e2_64": (2, 256, 64, 1, False),
+    "bc_actor_head_k5_64": (5, 256, 64, 3, True),
+    "critic_head_k5_e2_256": (10, 256, 256, 1, False),
+}
+
+
+def _affine_rates(
+    networks: int, rows: int, inputs: int, outputs: int, linear_layout: bool, repeats: int
+) -> dict[str, float]:
+    """Forward + backward passes/s of ``batched_affine`` and of ``baddbmm`` at one shape."""
+    import torch
+
+    from offaug.algorithms.kernels import batched_affine
+
+    torch.manual_seed(0)
+    x = torch.randn(networks, rows, inputs, requires_grad=True)
+    shape = (networks, outputs, inputs) if linear_layout else (networks, inputs, outputs)
+    stored = torch.randn(*shape, requires_grad=True)
+    bias = torch.randn(networks, 1, outputs, requires_grad=True)
+    grad = torch.randn(networks, rows, outputs)
+
+    def passes(layer: Any) -> Any:
+        def one() -> None:
+            weight = stored.transpose(1, 2) if linear_layout else stored
+            torch.autograd.grad(layer(x, weight, bias), (x, stored, bias), grad)
+
+        return one
+
+    sides = {
+        "batched_affine": passes(batched_affine),
+        "baddbmm": passes(lambda x, w, b: torch.baddbmm(b, x, w)),
+    }
+    count = calibrate(sides["baddbmm"], 0.2)
+
+    def block(one: Any) -> Any:
+        def run() -> float:
+            start = time.perf_counter()
+            for _ in range(count):
+                one()
+            return time.perf_counter() - start
+
+        return run
+
+    times = interleave_many({k: block(v) for k, v in sides.items()}, repeats)
+    return {k: count / statistics.median(v) for k, v in times.items()}
+
+
+def _affine_records(repeats: int, reporter: Reporter) -> None:
+    for name, (networks, rows, inputs, outputs, linear_layout) in AFFINE_SHAPES.items():
+        rate = _affine_rates(networks, rows, inputs, outputs, linear_layout, repeats)
+        reporter.emit(
+            {
+                "benchmark": f"batched_affine_{name}",
+                "unit": "forward + backward passes/s",
+                "offaug": rate["batched_affine"],
+                "baseline": rate["baddbmm"],
+                "baseline_name": "torch.baddbmm, autograd's backward",
+                "ratio": rate["batched_affine"] / rate["baddbmm"],
+                "goal": None,
+                "repeats": repeats,
+                "size": {
+                    "networks": networks,
+                    "rows": rows,
+                    "inputs": inputs,
+                    "outputs": outputs,
+                    "weight_layout": "(out, in)" if linear_layout else "(in, out)",
+                },
+                "notes": "one CPU thread; interleaved blocks; median of repeats",
+            }
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a few minutes")
-    parser.add_argument("--only", default="bc,td3bc,iql,cql,bcq", help="learners to measure")
+    parser.add_argument(
+        "--only", default="bc,td3bc,iql,cql,bcq,affine", help="learners (and affine) to measure"
+    )
     parser.add_argument("--hidden", default="64,256", help="network widths to measure")
     args = parser.parse_args(argv)
     reporter = Reporter(protect_stdout())
     one_cpu_thread()
-    data, dataset = learner_data(args.quick)
     repeats = 3 if args.quick else 5
     members = [1, 2, 5, 10]
-    for name in args.only.split(","):
+    names = args.only.split(",")
+    if "affine" in names:
+        _affine_records(repeats, reporter)
+    learners = [n for n in names if n != "affine"]
+    if not learners:
+        return 0
+    data, dataset = learner_data(args.quick)
+    for name in learners:
         for hidden in (int(h) for h in args.hidden.split(",")):
             steps = (5 if hidden == 256 else 20) if args.quick else (40 if hidden == 256 else 150)
             log(f"fused {name} {hidden}x{hidden}: K in {members}, {repeats} x {steps} steps")

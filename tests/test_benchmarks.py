@@ -41,6 +41,34 @@ def test_gpu_benchmark_runs_on_the_cpu_and_prints_one_record(tmp_path: Path) -> 
     assert record["ratio"] == pytest.approx(record["offaug"] / record["baseline"])
 
 
+def test_the_affine_layer_benchmark_times_both_sides_at_each_shape(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "bench_fused.py"),
+            "--quick",
+            "--only",
+            "affine",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert [r["benchmark"] for r in records] == [
+        "batched_affine_critic_head_k5_e2_64",
+        "batched_affine_critic_head_single_e2_64",
+        "batched_affine_bc_actor_head_k5_64",
+        "batched_affine_critic_head_k5_e2_256",
+    ]
+    for record in records:
+        assert record["offaug"] > 0 and record["baseline"] > 0
+        assert record["ratio"] == pytest.approx(record["offaug"] / record["baseline"])
+
+
 def test_gpu_benchmark_without_cuda_says_so_and_exits_2(tmp_path: Path) -> None:
     import torch
 
