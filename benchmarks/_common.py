@@ -103,11 +103,11 @@ def interleave_many(sides: dict[str, Callable[[], float]], repeats: int) -> dict
 
 
 def one_cpu_thread() -> None:
-    """Torch on one CPU thread with denormals flushed, as offaug's Dask workers train."""
-    import torch
+    """Torch set up as offaug's Dask workers train: one CPU thread, denormals flushed, freed
+    memory kept for reuse (``configure_torch``)."""
+    from offaug.algorithms.base import configure_torch
 
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
+    configure_torch(1)
 
 
 def update_block(trainer: Any, sampler: Any, steps: int) -> float:

@@ -22,6 +22,12 @@ buys where offaug turns it on, Gaussian BC (the behaviour model of every pipelin
 compiled trainer against the same trainer uncompiled, in the same process, interleaved; the
 compile time is in ``absolute``. Its goal is 1.0: compiling is only offered where it pays.
 
+``kept_memory`` times one CQL trainer with offaug's malloc settings
+(``offaug.algorithms.base.keep_freed_memory``, which every offaug training process and Dask
+worker applies) against the settings Dask's nanny starts workers with (freed memory handed back
+to the kernel at once), switching the process-wide settings between interleaved blocks; the
+minor page faults per step of each side are in ``absolute``.
+
 Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc,iql,rebrac]``; JSON
 lines on stdout.
 """
@@ -409,12 +415,75 @@ def _flops(
     }
 
 
+DASK_NANNY_MALLOC = (128 * 1024, 65536)
+"""glibc's mmap threshold (its default, made fixed by any setting) and the trim threshold Dask's
+nanny starts workers with (``distributed.nanny.pre-spawn-environ``)."""
+
+
+def _measure_kept_memory(
+    hidden: int, data: Any, steps: int, repeats: int, reporter: Reporter
+) -> None:
+    """One CQL trainer's steps with offaug's malloc settings against Dask's nanny's, alternating
+    the process-wide settings between the blocks; minor page faults per step beside."""
+    import resource
+
+    import numpy as np
+    import torch
+
+    from offaug.algorithms.base import keep_freed_memory, set_malloc, spaces_from_transitions
+    from offaug.algorithms.train import make_sampler
+
+    spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
+    torch.manual_seed(0)
+    trainer = offaug_trainer("cql", hidden, 256, spaces)
+    sampler = make_sampler(trainer, [data], seed=0)
+    faults: dict[str, list[float]] = {"kept": [], "nanny": []}
+
+    def block(side: str) -> Any:
+        def run() -> float:
+            if side == "kept":
+                keep_freed_memory()
+            else:
+                set_malloc(*DASK_NANNY_MALLOC)
+            update_block(trainer, sampler, 1)  # the step that grows or trims the heap
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            seconds = update_block(trainer, sampler, steps)
+            faults[side].append(
+                (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
+            )
+            return seconds
+
+        return run
+
+    kept, nanny = interleave(block("kept"), block("nanny"), repeats)
+    keep_freed_memory()
+    reporter.emit(
+        {
+            "benchmark": f"train_cql_{hidden}x{hidden}_kept_memory",
+            "unit": "gradient steps/s",
+            "offaug": steps / float(np.median(kept)),
+            "baseline": steps / float(np.median(nanny)),
+            "baseline_name": "the same trainer under Dask's nanny malloc settings",
+            "ratio": float(np.median(nanny)) / float(np.median(kept)),
+            "goal": None,
+            "repeats": repeats,
+            "size": {"hidden": [hidden, hidden], "batch_size": 256},
+            "notes": "one CPU thread; interleaved blocks; median of repeats",
+            "absolute": {
+                "page_faults_per_step_kept": float(np.median(faults["kept"])),
+                "page_faults_per_step_nanny": float(np.median(faults["nanny"])),
+                "steps_per_block": steps,
+            },
+        }
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute")
     parser.add_argument(
         "--only",
-        default="bc,cql,bcq,sac,iql,td3bc,rebrac,bc_compile",
+        default="bc,cql,bcq,sac,iql,td3bc,rebrac,bc_compile,kept_memory",
         help="learners to measure",
     )
     args = parser.parse_args(argv)
@@ -428,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} {hidden}x{hidden}: {repeats} x {steps} steps each side")
             if name == "bc_compile":
                 _measure_compile(hidden, data, 4 * steps, repeats, reporter)
+            elif name == "kept_memory":
+                _measure_kept_memory(hidden, data, max(steps // 10, 5), repeats, reporter)
             elif name == "rebrac":
                 _measure_rebrac(hidden, data, 4 * steps, repeats, reporter)
             else:
