@@ -17,17 +17,21 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_gpu_benchmark_runs_on_the_cpu_and_prints_one_record(tmp_path: Path) -> None:
-    script = REPO / "benchmarks" / "bench_gpu.py"
-    args = ["--device", "cpu", "--steps", "10", "--block", "5", "--baseline-steps", "4"]
-    done = subprocess.run(
-        [sys.executable, str(script), *args],
+def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/SCRIPT ARGS`` in a fresh interpreter, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
         capture_output=True,
         text=True,
         check=False,
         timeout=300,
-        cwd=tmp_path,
+        cwd=cwd,
     )
+
+
+def test_gpu_benchmark_runs_on_the_cpu_and_prints_one_record(tmp_path: Path) -> None:
+    args = ["--device", "cpu", "--steps", "10", "--block", "5", "--baseline-steps", "4"]
+    done = _run("bench_gpu.py", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert len(lines) == 1, done.stdout  # stdout holds the record and nothing else
@@ -42,20 +46,7 @@ def test_gpu_benchmark_runs_on_the_cpu_and_prints_one_record(tmp_path: Path) -> 
 
 
 def test_the_affine_layer_benchmark_times_both_sides_at_each_shape(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "bench_fused.py"),
-            "--quick",
-            "--only",
-            "affine",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = _run("bench_fused.py", "--quick", "--only", "affine", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     assert [r["benchmark"] for r in records] == [
@@ -74,14 +65,7 @@ def test_gpu_benchmark_without_cuda_says_so_and_exits_2(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_gpu.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    done = _run("bench_gpu.py", "--quick", cwd=tmp_path)
     assert done.returncode == 2
     assert "no CUDA device" in done.stderr and "--device cpu" in done.stderr
     assert done.stdout.strip() == ""
