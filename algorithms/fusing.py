@@ -1,6 +1,6 @@
 """How a learner describes its update so that K copies of it can train as one batched network.
 
-A learner that trains fused (:class:`offaug.algorithms.fused.FusedTrainer`) exposes
+A learner that trains fused (:class:`offaug.algorithms.fused.trainer.FusedTrainer`) exposes
 ``fused_spec() -> FusedSpec``: its modules, its optimisers, its target networks and its update
 as a sequence of :class:`Phase` s, each a loss that is a pure function of the modules'
 parameters, a batch, the step's random draws and the hyperparameters. The same loss methods
@@ -125,13 +125,14 @@ class FusedSpec:
     """Sets the learner's carried metrics from the fused trainer's (``steps`` is set for it)."""
     stacked: bool = False
     """Whether the phases' losses are member-agnostic, so that they also run once on all K
-    members' stacked parameters without ``vmap`` (:class:`~offaug.algorithms.fused.FusedTrainer`
-    ``stacked``): every trained or target module then holds its parameters with a leading
-    member axis (its networks' layers run as ``baddbmm`` over it), the batch and noise carry
-    that axis too, every hyperparameter is a ``(K,)`` tensor, and the losses and metrics come
-    out ``(K,)``. Such a loss reduces over the batch with ``mean(-1)`` (the batch is the last
-    axis of a per-row vector), indexes critics from the end (``(..., E, B)``) and broadcasts a
-    hyperparameter against rows with :func:`per_member`."""
+    members' stacked parameters without ``vmap``
+    (:class:`~offaug.algorithms.fused.trainer.FusedTrainer` ``stacked``): every trained or target
+    module then holds its parameters with a leading member axis (its networks' layers run as
+    ``baddbmm`` over it), the batch and noise carry that axis too, every hyperparameter is a
+    ``(K,)`` tensor, and the losses and metrics come out ``(K,)``. Such a loss reduces over the
+    batch with ``mean(-1)`` (the batch is the last axis of a per-row vector), indexes critics from
+    the end (``(..., E, B)``) and broadcasts a hyperparameter against rows with
+    :func:`per_member`."""
 
 
 def per_member(value: Any, like: torch.Tensor) -> Any:

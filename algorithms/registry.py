@@ -21,20 +21,24 @@ class AlgorithmSpec:
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "bc": AlgorithmSpec("offaug.algorithms.bc", "BC", "BCConfig", discrete=False),
-    "cql": AlgorithmSpec("offaug.algorithms.cql", "CQL", "CQLConfig", discrete=False),
+    "bc": AlgorithmSpec("offaug.algorithms.learners.bc", "BC", "BCConfig", discrete=False),
+    "cql": AlgorithmSpec("offaug.algorithms.learners.cql", "CQL", "CQLConfig", discrete=False),
     "discrete_cql": AlgorithmSpec(
-        "offaug.algorithms.discrete_cql", "DiscreteCQL", "DiscreteCQLConfig", discrete=True
+        "offaug.algorithms.learners.discrete_cql", "DiscreteCQL", "DiscreteCQLConfig", discrete=True
     ),
-    "bcq": AlgorithmSpec("offaug.algorithms.bcq", "BCQ", "BCQConfig", discrete=False),
+    "bcq": AlgorithmSpec("offaug.algorithms.learners.bcq", "BCQ", "BCQConfig", discrete=False),
     "discrete_bcq": AlgorithmSpec(
-        "offaug.algorithms.discrete_bcq", "DiscreteBCQ", "DiscreteBCQConfig", discrete=True
+        "offaug.algorithms.learners.discrete_bcq", "DiscreteBCQ", "DiscreteBCQConfig", discrete=True
     ),
-    "iql": AlgorithmSpec("offaug.algorithms.iql", "IQL", "IQLConfig", discrete=False),
-    "td3bc": AlgorithmSpec("offaug.algorithms.td3bc", "TD3BC", "TD3BCConfig", discrete=False),
-    "rebrac": AlgorithmSpec("offaug.algorithms.rebrac", "ReBRAC", "ReBRACConfig", discrete=False),
+    "iql": AlgorithmSpec("offaug.algorithms.learners.iql", "IQL", "IQLConfig", discrete=False),
+    "td3bc": AlgorithmSpec(
+        "offaug.algorithms.learners.td3bc", "TD3BC", "TD3BCConfig", discrete=False
+    ),
+    "rebrac": AlgorithmSpec(
+        "offaug.algorithms.learners.rebrac", "ReBRAC", "ReBRACConfig", discrete=False
+    ),
     # Online SAC (dataset levels); offline it is plain off-policy SAC without a constraint.
-    "sac": AlgorithmSpec("offaug.algorithms.sac", "SAC", "SACConfig", discrete=False),
+    "sac": AlgorithmSpec("offaug.algorithms.learners.sac", "SAC", "SACConfig", discrete=False),
 }
 
 

@@ -105,7 +105,7 @@ def interleave_many(sides: dict[str, Callable[[], float]], repeats: int) -> dict
 def one_cpu_thread() -> None:
     """Torch set up as offaug's Dask workers train: one CPU thread, denormals flushed, freed
     memory kept for reuse (``configure_torch``)."""
-    from offaug.algorithms.base import configure_torch
+    from offaug.algorithms.runtime import configure_torch
 
     configure_torch(1)
 

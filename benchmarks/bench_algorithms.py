@@ -23,7 +23,7 @@ compiled trainer against the same trainer uncompiled, in the same process, inter
 compile time is in ``absolute``. Its goal is 1.0: compiling is only offered where it pays.
 
 ``kept_memory`` times one CQL trainer with offaug's malloc settings
-(``offaug.algorithms.base.keep_freed_memory``, which every offaug training process and Dask
+(``offaug.algorithms.runtime.keep_freed_memory``, which every offaug training process and Dask
 worker applies) against the settings Dask's nanny starts workers with (freed memory handed back
 to the kernel at once), switching the process-wide settings between interleaved blocks; the
 minor page faults per step of each side are in ``absolute``.
@@ -75,7 +75,7 @@ def offaug_trainer(name: str, hidden: int, batch: int, spaces: Any) -> Any:
 
     sizes = (hidden, hidden)
     if name == "sac":
-        from offaug.algorithms.sac import SAC, SACConfig
+        from offaug.algorithms.learners.sac import SAC, SACConfig
 
         fields = {f.name for f in dataclasses.fields(SACConfig)}
         config = {k: v for k, v in {"hidden": sizes, "batch_size": batch}.items() if k in fields}
@@ -157,7 +157,7 @@ def _measure(
     import torch
 
     from offaug.algorithms.base import spaces_from_transitions
-    from offaug.algorithms.train import make_sampler
+    from offaug.algorithms.training.loop import make_sampler
 
     batch = 100 if name == "bcq" else 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
@@ -273,7 +273,7 @@ def _measure_rebrac(hidden: int, data: Any, steps: int, repeats: int, reporter: 
 
     from offaug.algorithms import registry
     from offaug.algorithms.base import spaces_from_transitions
-    from offaug.algorithms.train import make_sampler
+    from offaug.algorithms.training.loop import make_sampler
 
     batch = 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
@@ -319,7 +319,7 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
     from offaug.algorithms import registry
     from offaug.algorithms.base import spaces_from_transitions
     from offaug.algorithms.batch import TorchBatch
-    from offaug.algorithms.compiling import compile_trainer
+    from offaug.algorithms.training.compiling import compile_trainer
     from offaug.datasets import MixtureSampler
 
     batch = 256
@@ -430,8 +430,9 @@ def _measure_kept_memory(
     import numpy as np
     import torch
 
-    from offaug.algorithms.base import keep_freed_memory, set_malloc, spaces_from_transitions
-    from offaug.algorithms.train import make_sampler
+    from offaug.algorithms.base import spaces_from_transitions
+    from offaug.algorithms.runtime import keep_freed_memory, set_malloc
+    from offaug.algorithms.training.loop import make_sampler
 
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
     torch.manual_seed(0)

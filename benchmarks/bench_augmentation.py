@@ -5,8 +5,8 @@ For each dataset made by offaug's own generator (SAC trained online, D4RL's reci
 learner trained on the original data alone ("plain"), at equal gradient steps, from the same
 evaluation start seeds, over several training seeds: rliable's IQM, the 95 % stratified bootstrap
 interval of the IQM difference and the probability of improvement
-(:func:`offaug.pipeline.statistics.compare`). Every unit of work is one of the pipeline's own
-stage functions (``prepare_source``, ``train_bc``, ``rollout_shard`` / ``model_rollout_task`` +
+(:func:`offaug.pipeline.outcome.statistics.compare`). Every unit of work is one of the pipeline's
+own stage functions (``prepare_source``, ``train_bc``, ``rollout_shard`` / ``model_rollout_task`` +
 ``merge_rollouts``, ``train_offline``) on a LocalCluster of single-threaded workers, so the
 benchmark measures exactly what ``offaug run`` does.
 
@@ -35,15 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import DATA_DIR, Reporter, data_fingerprint, load_records, log, protect_stdout
 
-from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
-from offaug.pipeline.statistics import compare
-from offaug.pipeline.workflow import (
-    BCConfigModel,
-    EvaluationModel,
-    RolloutModel,
-    SourceConfig,
-    TrainModel,
-)
+from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.outcome.statistics import compare
+from offaug.pipeline.schema.run_sections import EvaluationModel
+from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig, TrainModel
 
 HIDDEN = (64, 64)
 CHEAP_CQL = {"n_action_samples": 4, "batch_size": 128}
@@ -295,7 +290,7 @@ def _source(name: str) -> tuple[DatasetRef, str]:
     from bench_learning import _dataset
 
     from offaug.datasets.paths import resolve_dataset_dir
-    from offaug.pipeline.stages import prepare_source
+    from offaug.pipeline.stages.learning import prepare_source
 
     spec = DATASETS[name]
     transitions = _dataset(spec.env_id, spec.level, train_steps=spec.sac_steps, steps=spec.steps)
@@ -357,26 +352,56 @@ def _submit_rollout(
     out: Path,
     seed: int,
 ) -> Any:
-    from offaug.pipeline import stages
+    from offaug.pipeline.stages import rollouts as rollout_stages
 
     shard = str(out / "shard-00000.arrow")
     if rollout.backend == "model":
         dynamics = client.submit(
-            stages.train_dynamics_stage, data, rollout, str(out.parent / f"{out.name}.dyn.pt"), seed
+            rollout_stages.train_dynamics_stage,
+            data,
+            rollout,
+            str(out.parent / f"{out.name}.dyn.pt"),
+            seed,
         )
         part = client.submit(
-            stages.model_rollout_task, data, bc, dynamics, rollout, shard, 0, seed, pure=False
+            rollout_stages.model_rollout_task,
+            data,
+            bc,
+            dynamics,
+            rollout,
+            shard,
+            0,
+            seed,
+            pure=False,
         )
-        return client.submit(stages.merge_rollouts, [part], str(out), rollout, pure=False)
+        return client.submit(rollout_stages.merge_rollouts, [part], str(out), rollout, pure=False)
     calibration = None
     if rollout.noise_calibration is not None:
         calibration = client.submit(
-            stages.calibrate_noise_stage, data, bc, rollout, str(out), seed, policy, pure=False
+            rollout_stages.calibrate_noise_stage,
+            data,
+            bc,
+            rollout,
+            str(out),
+            seed,
+            policy,
+            pure=False,
         )
     part = client.submit(
-        stages.rollout_shard, data, bc, rollout, str(out), seed, 0, policy, calibration, pure=False
+        rollout_stages.rollout_shard,
+        data,
+        bc,
+        rollout,
+        str(out),
+        seed,
+        0,
+        policy,
+        calibration,
+        pure=False,
     )
-    return client.submit(stages.merge_rollouts, [part], str(out), rollout, calibration, pure=False)
+    return client.submit(
+        rollout_stages.merge_rollouts, [part], str(out), rollout, calibration, pure=False
+    )
 
 
 def _plain_if_empty(
@@ -384,7 +409,7 @@ def _plain_if_empty(
 ) -> ModelRef:
     """Plain's run when the rollouts kept no row (training on the data alone again under the
     same config and seed would repeat it exactly), else the arm's own run."""
-    from offaug.pipeline import stages
+    from offaug.pipeline.stages import learning as stages
 
     if augmented.rows == 0:
         return plain
@@ -418,7 +443,7 @@ def _run_dataset(
     root: Path,
 ) -> dict[str, Any]:
     """Every (recipe, learner, seed) of one dataset; scores and per-recipe diagnostics."""
-    from offaug.pipeline import stages
+    from offaug.pipeline.stages import learning as stages
 
     data, fingerprint = _source(name)
     evaluation = EvaluationModel(episodes=sizes.eval_episodes)
@@ -731,7 +756,7 @@ def _measure(
     ``joining``'s, see :func:`_join`)."""
     from distributed import Client, LocalCluster
 
-    from offaug.pipeline.workers import WorkerSetup
+    from offaug.pipeline.engine.workers import WorkerSetup
 
     records = []
     with (

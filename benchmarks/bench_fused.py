@@ -1,17 +1,16 @@
 """Many seeds in one process: per-seed gradient steps/s of a fused run of K members.
 
 For each learner that trains fused (BC, TD3+BC, IQL, CQL, BCQ) at 64x64 and 256x256 and K = 1, 2, 5,
-10:
-the per-seed step rate of :class:`offaug.algorithms.fused.FusedTrainer` (K samplers' batches
-stacked, one fused update: ``K x steps / time``) against K sequential single-seed offaug runs
-(one trainer's ``sample + update`` rate: K runs one after another give each seed that rate) and
-against d3rlpy 2.8 on the same data in the same process. All sides are interleaved blocks on
-one CPU thread, median of repeats. Each record carries the matmul floor of the K-member update
-(the update's ``mm/addmm/bmm/baddbmm`` shapes run back to back, ``_common.plain_matmuls``)
-as a per-seed rate, and the fused rate's share of it. On the CPU CQL and BCQ loop their members'
-losses (``FusedTrainer.looped``: K plain multiplies beat vmap's batched one at their sizes); BC,
-TD3+BC and IQL run theirs once on the stacked parameters (``FusedTrainer.stacked``). Both kinds'
-K = 5 records also carry the vmapped rate (``vmapped_steps_per_s_per_seed``).
+10: the per-seed step rate of :class:`offaug.algorithms.fused.trainer.FusedTrainer` (K samplers'
+batches stacked, one fused update: ``K x steps / time``) against K sequential single-seed offaug
+runs (one trainer's ``sample + update`` rate: K runs one after another give each seed that rate) and
+against d3rlpy 2.8 on the same data in the same process. All sides are interleaved blocks on one CPU
+thread, median of repeats. Each record carries the matmul floor of the K-member update (the update's
+``mm/addmm/bmm/baddbmm`` shapes run back to back, ``_common.plain_matmuls``) as a per-seed rate, and
+the fused rate's share of it. On the CPU CQL and BCQ loop their members' losses
+(``FusedTrainer.looped``: K plain multiplies beat vmap's batched one at their sizes); BC, TD3+BC and
+IQL run theirs once on the stacked parameters (``FusedTrainer.stacked``). Both kinds' K = 5 records
+also carry the vmapped rate (``vmapped_steps_per_s_per_seed``).
 
 Goals (ratio to single-seed offaug, per seed) at K = 5: 64x64 BC, TD3+BC, IQL 3x, CQL and BCQ
 1.3x (they score thousands of sampled actions a step, so their single runs are closer to the
@@ -19,7 +18,7 @@ arithmetic limit already); 256x256 1.1x for all. BCQ trains on batches of 100 (i
 in ``bench_algorithms``), the others on 256.
 
 ``affine`` (in ``--only``) times the layer every stacked run and critic ensemble is built on,
-:func:`offaug.algorithms.kernels.batched_affine`, forward and backward, against
+:func:`offaug.algorithms.nn.kernels.batched_affine`, forward and backward, against
 ``torch.baddbmm`` (autograd's own backward) at the narrowing layers' shapes of those runs: a
 critic head ``64 -> 1`` over the ``K x E = 10`` networks of a K = 5 TD3+BC or IQL run and over a
 single run's two critics, a K = 5 BC actor's ``64 -> 3`` head (``nn.Linear`` layout), and the
@@ -75,9 +74,9 @@ def _fused(
 ) -> Any:
     import torch
 
-    from offaug.algorithms.base import seed_everything
-    from offaug.algorithms.fused import FusedTrainer, member_generator
-    from offaug.algorithms.train import make_sampler
+    from offaug.algorithms.fused.trainer import FusedTrainer, member_generator
+    from offaug.algorithms.runtime import seed_everything
+    from offaug.algorithms.training.loop import make_sampler
 
     trainers, samplers, generators = [], [], []
     for seed in range(members):
@@ -125,7 +124,7 @@ def _measure(
     import torch
 
     from offaug.algorithms.base import spaces_from_transitions
-    from offaug.algorithms.train import make_sampler
+    from offaug.algorithms.training.loop import make_sampler
 
     batch = 100 if name == "bcq" else 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
@@ -206,7 +205,7 @@ def _affine_rates(
     """Forward + backward passes/s of ``batched_affine`` and of ``baddbmm`` at one shape."""
     import torch
 
-    from offaug.algorithms.kernels import batched_affine
+    from offaug.algorithms.nn.kernels import batched_affine
 
     torch.manual_seed(0)
     x = torch.randn(networks, rows, inputs, requires_grad=True)

@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from offaug.algorithms import registry
-    from offaug.algorithms.base import Spaces, configure_torch
+    from offaug.algorithms.base import Spaces
     from offaug.algorithms.batch import TorchBatch
+    from offaug.algorithms.runtime import configure_torch
     from offaug.datasets import MixtureSampler
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():

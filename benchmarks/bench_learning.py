@@ -72,7 +72,7 @@ def _dataset(env_id: str, level: str, train_steps: int, steps: int) -> Any:
 
             make_dataset(env_id, dataset_id, steps=steps, root=root, overwrite=True)
         else:
-            from offaug.algorithms.levels import make_level_dataset, small_sac_config
+            from offaug.algorithms.online.levels import make_level_dataset, small_sac_config
 
             config = small_sac_config(HIDDEN)
             make_level_dataset(
@@ -100,10 +100,11 @@ def _offaug_score(
     import torch
 
     from offaug.algorithms import registry
-    from offaug.algorithms.base import seed_everything, spaces_from_transitions
+    from offaug.algorithms.base import spaces_from_transitions
     from offaug.algorithms.batch import TorchBatch
     from offaug.algorithms.evaluate import evaluate, make_env, reference_scores
-    from offaug.algorithms.train import make_sampler
+    from offaug.algorithms.runtime import seed_everything
+    from offaug.algorithms.training.loop import make_sampler
 
     seed_everything(seed)
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
@@ -228,7 +229,7 @@ def _penalties(actor: float, critic: float, normalise: bool = False) -> dict[str
 
 
 def _rebrac_overrides(env_id: str) -> dict[str, Any]:
-    from offaug.algorithms.rebrac import DEFAULT_BC_COEF
+    from offaug.algorithms.learners.rebrac import DEFAULT_BC_COEF
 
     return _penalties(*REBRAC_CHOICE.get(env_id, (DEFAULT_BC_COEF, DEFAULT_BC_COEF, False)))
 
@@ -264,7 +265,7 @@ def _tune_rebrac(data: Any, size: dict[str, Any], earlier: dict[str, Any]) -> di
     """Every grid point's mean score over the tuning seeds, and the best point, at ``size``
     (:func:`_tuning_size`); points in ``earlier`` (an earlier run's per-seed scores on the same
     seeds) are not trained again."""
-    from offaug.algorithms.rebrac import DEFAULT_BC_COEF
+    from offaug.algorithms.learners.rebrac import DEFAULT_BC_COEF
 
     env_id, steps, episodes = size["env"], size["gradient_steps"], size["eval_episodes"]
     scores: dict[str, list[float]] = {}

@@ -38,7 +38,7 @@ from _common import Reporter, interleave_many, log, protect_stdout, scratch_dir
 
 
 def _workflow(root: Path, quick: bool, tasks: int, episodes: int) -> Any:
-    from offaug.pipeline.workflow import Workflow
+    from offaug.pipeline.schema.workflow import Workflow
 
     return Workflow.model_validate(
         {
@@ -93,11 +93,11 @@ def _bare_steps(steps: int) -> float:
 
 
 def _rollout_stage(client: Any, data: Any, bc: Any, config: Any, out: Path) -> float:
-    from offaug.pipeline import stages
+    from offaug.pipeline.stages import rollouts as rollout_stages
 
     start = time.perf_counter()
     futures = [
-        client.submit(stages.rollout_shard, data, bc, config, str(out), 0, i, pure=False)
+        client.submit(rollout_stages.rollout_shard, data, bc, config, str(out), 0, i, pure=False)
         for i in range(config.tasks)
     ]
     client.gather(futures)
@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     reporter = Reporter(out)
     from distributed import Client, LocalCluster
 
-    from offaug.pipeline import stages
-    from offaug.pipeline.graph import run_workflow
-    from offaug.pipeline.workers import WorkerSetup
-    from offaug.pipeline.workflow import load_workflow
+    from offaug.pipeline.engine.graph import run_workflow
+    from offaug.pipeline.engine.workers import WorkerSetup
+    from offaug.pipeline.schema.workflow import load_workflow
+    from offaug.pipeline.stages import learning as stages
 
     workflows = Path(__file__).resolve().parents[1] / "workflows"
     repeats = 3 if args.quick else 9
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             records = json.loads((root / "small" / "stages.json").read_text())["stages"]
         data = stages.prepare_source(workflow.source)
         bc = json.loads(json.dumps(records["bc"]["result"]))
-        from offaug.pipeline.layout import ModelRef
+        from offaug.pipeline.contracts import ModelRef
 
         bc_ref = ModelRef(**{k: v for k, v in bc.items() if k != "__type__"})
         # Both clusters stay up and the stage runs alternate between them, so a change in the

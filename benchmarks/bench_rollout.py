@@ -39,7 +39,7 @@ def _bc_checkpoint(workdir: Path, env_id: str) -> Path:
 
     from offaug.algorithms.base import Spaces, save_checkpoint
     from offaug.algorithms.batch import TorchBatch
-    from offaug.algorithms.bc import BC, BCConfig
+    from offaug.algorithms.learners.bc import BC, BCConfig
 
     env = gym.make(env_id)
     obs_dim = int(np.prod(env.observation_space.shape))
@@ -80,11 +80,11 @@ def _offaug_rollout(
 ) -> tuple[float, int]:
     import gymnasium as gym
 
-    from offaug.algorithms.train import load_trainer
+    from offaug.algorithms.training.loop import load_trainer
     from offaug.datasets.shards import write_shard
-    from offaug.pipeline.noise import parse_noise
-    from offaug.pipeline.policies import BCRolloutPolicy
-    from offaug.pipeline.rollout import RolloutConfig, rollout
+    from offaug.pipeline.rollouts.noise import parse_noise
+    from offaug.pipeline.rollouts.policies import BCRolloutPolicy
+    from offaug.pipeline.rollouts.simulator import RolloutConfig, rollout
 
     policy = BCRolloutPolicy(load_trainer(checkpoint, device="cpu"))
     kwargs = {"max_episode_steps": max_steps} if max_steps else {}
@@ -121,7 +121,7 @@ def _data_collector(
     import minari
     import numpy as np
 
-    from offaug.algorithms.train import load_trainer
+    from offaug.algorithms.training.loop import load_trainer
 
     trainer = load_trainer(checkpoint, device="cpu")
     rng = np.random.default_rng(0)

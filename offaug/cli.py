@@ -111,8 +111,8 @@ def train_command(
 ) -> None:
     """Train an offline learner; metrics, evaluations and checkpoints go to OUT."""
     from offaug.algorithms.registry import ALGORITHMS, policy_weighting_refusal
-    from offaug.algorithms.state_noise import StateNoise
-    from offaug.algorithms.train import TrainOptions, train
+    from offaug.algorithms.training.loop import TrainOptions, train
+    from offaug.algorithms.training.state_noise import StateNoise
 
     # Before any data is read: a typo should not cost a dataset load.
     if algorithm not in ALGORITHMS:
@@ -191,7 +191,7 @@ def _train_seeds(
     resume: bool,
 ) -> None:
     """``offaug train --seeds``: the seeds fused in one process, OUT/seed_N each."""
-    from offaug.algorithms.train_fused import train_fused
+    from offaug.algorithms.fused.train import train_fused
 
     assert options.seeds is not None
     with _TrainingProgress(algorithm, options.steps, out) as progress:
@@ -291,9 +291,9 @@ def rollout_command(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing shard set.")] = False,
 ) -> None:
     """Roll the BC policy out with noise; every transition carries its importance weight."""
-    from offaug.pipeline.noise import NoiseSpecError, parse_noise
-    from offaug.pipeline.rollout import RolloutConfig, RolloutError
-    from offaug.pipeline.rollout_tasks import rollout_to_shard_set
+    from offaug.pipeline.rollouts.noise import NoiseSpecError, parse_noise
+    from offaug.pipeline.rollouts.simulator import RolloutConfig, RolloutError
+    from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 
     try:
         spec = parse_noise(noise)

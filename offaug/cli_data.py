@@ -48,7 +48,7 @@ def make_dataset(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing dataset.")] = False,
 ) -> None:
     """Generate a real Minari dataset by running a policy in a Gymnasium environment."""
-    from offaug.algorithms.levels import make_level_dataset
+    from offaug.algorithms.online.levels import make_level_dataset
     from offaug.datasets.generate import make_dataset
 
     if policy == "sac":
@@ -186,7 +186,7 @@ def verify(
     """
     from offaug.datasets.publish import verify_published
     from offaug.datasets.shards import ShardSet
-    from offaug.pipeline.rundir import augmented_directory, is_run_directory
+    from offaug.pipeline.rundir.files import augmented_directory, is_run_directory
 
     if (directory / "checksums.json").is_file() and not (directory / "manifest.json").is_file():
         problems = guard(lambda: verify_published(directory))
@@ -253,7 +253,7 @@ def publish(
     ] = False,
 ) -> None:
     """Publish original and/or augmented data as one Minari dataset (HDF5 or Arrow)."""
-    from offaug.pipeline.publishing import publish_sources
+    from offaug.pipeline.stages.publishing import publish_sources
 
     extra = read_mapping(provenance, "provenance") if provenance is not None else {}
     published = guard(

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from offaug.cli_common import console, err_console, fail, guard
-from offaug.pipeline.runlock import RunDirectoryLocked, RunLock
+from offaug.pipeline.rundir.lock import RunDirectoryLocked, RunLock
 
 RUN_DIRECTORY_IN_USE = 3
 """The exit status of ``offaug run`` on a run directory another live run holds."""
@@ -22,7 +22,8 @@ RUN_DIRECTORY_IN_USE = 3
 
 def load_workflow_or_exit(path: Path) -> Any:
     """A validated workflow, or every problem printed (file:line, field) and exit 2."""
-    from offaug.pipeline.workflow import WorkflowError, load_workflow
+    from offaug.pipeline.schema.validation import WorkflowError
+    from offaug.pipeline.schema.workflow import load_workflow
 
     try:
         return load_workflow(path)
@@ -80,7 +81,7 @@ def run(
         f"{len(result.executed)} stage(s) run, {len(result.skipped)} up to date; wall "
         f"{result.wall_seconds:.1f} s, stage compute {compute:.1f} s; results in {result.run_dir}"
     )
-    from offaug.pipeline.rundir import read_metrics  # after the lock: see above
+    from offaug.pipeline.rundir.files import read_metrics  # after the lock: see above
 
     print_verdict(read_metrics(result.run_dir))
 
@@ -89,7 +90,7 @@ def _run_with_progress(
     workflow: Any, run_dir: Path, lock: RunLock, scheduler: str | None, force: list[str]
 ) -> Any:
     """``run_workflow`` under a live table of the stages' states."""
-    from offaug.pipeline.graph import StageFailed, run_workflow
+    from offaug.pipeline.engine.graph import StageFailed, run_workflow
 
     states: dict[str, str] = {}
 
@@ -128,8 +129,8 @@ def diagnose(
 ) -> None:
     """Distribution-shift diagnostics of a finished run; updates RUN_DIR/metrics.json."""
     from offaug.pipeline.diagnostics import diagnose_run
-    from offaug.pipeline.rundir import read_metrics
-    from offaug.pipeline.workflow import WorkflowError
+    from offaug.pipeline.rundir.files import read_metrics
+    from offaug.pipeline.schema.validation import WorkflowError
 
     with console.status(f"diagnosing {run_dir}"):
         result = guard(lambda: diagnose_run(run_dir), WorkflowError)
@@ -146,7 +147,7 @@ def report(
 ) -> None:
     """Write RUN_DIR/report.html, a self-contained HTML report, and print its headline."""
     from offaug.pipeline.report import report_run
-    from offaug.pipeline.rundir import read_metrics
+    from offaug.pipeline.rundir.files import read_metrics
 
     path = guard(lambda: report_run(run_dir))
     metrics = read_metrics(run_dir)
@@ -157,7 +158,7 @@ def report(
 
 def print_summary(run_dir: Path) -> None:
     """Each learner's scores per recipe and the weights' health."""
-    from offaug.pipeline.rundir import read_metrics
+    from offaug.pipeline.rundir.files import read_metrics
 
     metrics = read_metrics(run_dir)
     if not metrics:

@@ -36,7 +36,7 @@ def doctor(
     download: Annotated[bool, typer.Option(help="Download a missing Minari dataset.")] = False,
 ) -> None:
     """Check a dataset for offline-RL pitfalls; exit 0 (clean), 1 (warnings) or 2 (errors)."""
-    from offaug.pipeline.doctor import doctor_source
+    from offaug.pipeline.stages.doctor import doctor_source
 
     if gamma is not None and not 0.0 < gamma < 1.0:
         raise typer.BadParameter(f"must lie in (0, 1), got {gamma}", param_hint="--gamma")
@@ -86,13 +86,13 @@ def render(
 ) -> None:
     """Film a policy's evaluation episodes offscreen into GIF/MP4/WebM files."""
     from offaug.algorithms.base import CheckpointError
-    from offaug.pipeline.render import (
+    from offaug.pipeline.media.render import (
         RenderUnavailable,
         VideoOptions,
         default_video_path,
         render_checkpoint,
     )
-    from offaug.pipeline.video import video_format, write_video
+    from offaug.pipeline.media.video import video_format, write_video
 
     width, _, height = size.lower().partition("x")
     if not (width.isdigit() and height.isdigit()):
@@ -156,11 +156,11 @@ def rank(
     """Rank policies by greedy episodes from the same start states, on a weighted score."""
     import os
 
-    from offaug.pipeline.clusters import connected
     from offaug.pipeline.diagnostics import rank_checkpoints
-    from offaug.pipeline.rank_metric import RankMetricError, parse_rank_metric
-    from offaug.pipeline.render import resolve_policy
-    from offaug.pipeline.workflow import ClusterModel
+    from offaug.pipeline.engine.clusters import connected
+    from offaug.pipeline.media.render import resolve_policy
+    from offaug.pipeline.schema.rank_metric import RankMetricError, parse_rank_metric
+    from offaug.pipeline.schema.run_sections import ClusterModel
 
     try:
         weights = parse_rank_metric(metric)
@@ -231,7 +231,7 @@ def review(
     ] = None,
 ) -> None:
     """Write a page of each start state's best rollouts to pick from, or apply the picks."""
-    from offaug.pipeline.review import ReviewOptions, apply_choices, review_dir, review_run
+    from offaug.pipeline.outcome.review import ReviewOptions, apply_choices, review_dir, review_run
 
     directory = review_dir(run_dir, out)
     if apply is not None:

@@ -133,7 +133,7 @@ def test_augmentation_extend_joins_the_seeds_of_two_runs(tmp_path: Path) -> None
         import bench_augmentation as bench
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    from offaug.pipeline.statistics import compare
+    from offaug.pipeline.outcome.statistics import compare
 
     size = {"dataset": "hopper-medium", "gradient_steps": 10}
 
@@ -173,7 +173,7 @@ def test_augmentation_join_adds_an_earlier_runs_recipes_on_the_same_seeds() -> N
         import bench_augmentation as bench
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    from offaug.pipeline.statistics import compare
+    from offaug.pipeline.outcome.statistics import compare
 
     size = {"dataset": "hopper-medium", "gradient_steps": 10}
     seeds = [0, 1, 2]
@@ -259,7 +259,7 @@ def test_an_arm_whose_rollouts_kept_nothing_is_plains_run() -> None:
         import bench_augmentation as bench
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    from offaug.pipeline.layout import AugmentedRef, ModelRef
+    from offaug.pipeline.contracts import AugmentedRef, ModelRef
 
     plain = ModelRef(name="cql", path="plain/checkpoint.pt", checksum="", metrics={})
     empty = AugmentedRef("aug", 0, 0, 0, "", {}, 0)

@@ -169,8 +169,9 @@ def test_publish_and_verify_a_run_directory(make_test_dataset, tmp_path: Path) -
     """A run directory stands for its source dataset and augmented shard set, read from its
     stage records."""
     from offaug.datasets import load_transitions, write_shard_set
-    from offaug.pipeline.layout import AugmentedRef, DatasetRef, RunLayout
-    from offaug.pipeline.rundir import StageRecords
+    from offaug.pipeline.contracts import AugmentedRef, DatasetRef
+    from offaug.pipeline.rundir.files import StageRecords
+    from offaug.pipeline.rundir.run_layout import RunLayout
 
     dataset = make_test_dataset("hopper", "hdf5").dataset_id
     data = load_transitions(dataset)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from offaug.cli import app
 from offaug.datasets import load_transitions
-from offaug.pipeline.workers import WorkerSetup
+from offaug.pipeline.engine.workers import WorkerSetup
 from tests.pipeline.point_policies import make_run
 
 runner = CliRunner()

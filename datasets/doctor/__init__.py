@@ -28,7 +28,7 @@ code                                severity   what it means
 =================================== ========== ==================================================
 
 The workflow-aware check (a rollout horizon against T_eff) lives in
-``offaug.pipeline.doctor``, which reads        workflows.
+``offaug.pipeline.stages.doctor``, which reads        workflows.
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
 """Distribution-shift diagnostics: how far augmented data and trained policies move from the data.
 
-One module per section of the output (typed in :mod:`.schema`):
+One module per section of the output (typed in :mod:`.document` and
+:mod:`.policy_document`):
 
 ========================  ==========================================================
-:mod:`.schema`            the output document as TypedDicts
+:mod:`.document`          the output document as TypedDicts
+:mod:`.policy_document`   its per-policy part: divergence, value, evaluation, OPE, ranking
 :mod:`.settings`          :class:`DiagnosticsSettings`, the sizes the workflow does not set
 :mod:`.sampling`          the shared sample of dataset episodes, batched policy calls, JSON
-:mod:`.policies`          the action box, the behaviour model beta_hat, the rollout policy mu
+:mod:`.policy_models`     the action box, the behaviour model beta_hat, the rollout policy mu
 :mod:`.data`              ``data``: dataset summaries
 :mod:`.returns`           Monte-Carlo returns per episode
 :mod:`.histograms`        quantiles and shared-edge histograms
-:mod:`.weights`           ``weights``: importance weights, ESS, clipping
+:mod:`.importance`        ``weights``: importance weights, ESS, clipping
 :mod:`.coverage`          ``coverage``: k-NN OOD score, range violations
 :mod:`.divergence`        ``divergence``: each policy against beta_hat
 :mod:`.value`             ``value``: Q-hat against Monte-Carlo returns
@@ -33,6 +35,7 @@ from offaug.pipeline.diagnostics.coverage import (
 )
 from offaug.pipeline.diagnostics.data import data_section, data_summary
 from offaug.pipeline.diagnostics.divergence import policy_divergence
+from offaug.pipeline.diagnostics.document import QUANTILE_LEVELS, SCHEMA_VERSION, Diagnostics
 from offaug.pipeline.diagnostics.evaluation import (
     Episode,
     episode_records,
@@ -40,12 +43,18 @@ from offaug.pipeline.diagnostics.evaluation import (
     run_episodes,
 )
 from offaug.pipeline.diagnostics.histograms import quantiles, shared_histogram
+from offaug.pipeline.diagnostics.importance import (
+    episode_log_weights,
+    importance_weight_diagnostics,
+    log_weight_histogram,
+    weight_summary,
+)
 from offaug.pipeline.diagnostics.ope import (
     fitted_q_evaluation,
     target_log_ratio,
     weighted_per_decision_is,
 )
-from offaug.pipeline.diagnostics.policies import ActionSpace, BehaviourModel
+from offaug.pipeline.diagnostics.policy_models import ActionSpace, BehaviourModel
 from offaug.pipeline.diagnostics.ranking import (
     WeightedScore,
     rank_checkpoints,
@@ -65,19 +74,8 @@ from offaug.pipeline.diagnostics.sampling import (
     jsonable,
     sample_episodes,
 )
-from offaug.pipeline.diagnostics.schema import (
-    QUANTILE_LEVELS,
-    SCHEMA_VERSION,
-    Diagnostics,
-)
 from offaug.pipeline.diagnostics.settings import DiagnosticsSettings
 from offaug.pipeline.diagnostics.value import random_action_gap, value_gap
-from offaug.pipeline.diagnostics.weights import (
-    episode_log_weights,
-    importance_weight_diagnostics,
-    log_weight_histogram,
-    weight_summary,
-)
 
 __all__ = [
     "QUANTILE_LEVELS",

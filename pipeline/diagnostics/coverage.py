@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from offaug.pipeline.diagnostics.document import CoverageSection, RangeViolation
 from offaug.pipeline.diagnostics.histograms import paired_histogram, quantiles
 from offaug.pipeline.diagnostics.sampling import FloatArray, flat, sample_indices
-from offaug.pipeline.diagnostics.schema import CoverageSection, RangeViolation
 
 
 def standardiser(reference: npt.NDArray[Any]) -> tuple[FloatArray, FloatArray]:

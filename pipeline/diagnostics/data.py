@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from offaug.pipeline.diagnostics.document import DataSection, DataSummary
 from offaug.pipeline.diagnostics.histograms import paired_histogram, quantiles
 from offaug.pipeline.diagnostics.returns import episode_returns
-from offaug.pipeline.diagnostics.schema import DataSection, DataSummary
 
 
 def data_summary(transitions: Any) -> DataSummary:

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from offaug.pipeline.diagnostics.policies import BehaviourModel, _rollout_divergence
+from offaug.pipeline.diagnostics.importance import raw_log_ratio
+from offaug.pipeline.diagnostics.policy_document import DivergenceSection, PolicyDivergence
+from offaug.pipeline.diagnostics.policy_models import BehaviourModel, _rollout_divergence
 from offaug.pipeline.diagnostics.sampling import PolicySample, batched_act
-from offaug.pipeline.diagnostics.schema import DivergenceSection, PolicyDivergence
-from offaug.pipeline.diagnostics.weights import raw_log_ratio
 
 
 def policy_divergence(

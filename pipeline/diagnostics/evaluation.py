@@ -16,13 +16,13 @@ import numpy.typing as npt
 from gymnasium.error import Error as GymnasiumError
 
 from offaug.algorithms.evaluate import make_env, reference_scores
-from offaug.algorithms.train import load_trainer
-from offaug.pipeline.diagnostics.sampling import ActFunction, FloatArray, TrainedPolicy
-from offaug.pipeline.diagnostics.schema import (
+from offaug.algorithms.training.loop import load_trainer
+from offaug.pipeline.diagnostics.policy_document import (
     CheckpointEvaluation,
     EpisodeRecords,
     EvaluationEntry,
 )
+from offaug.pipeline.diagnostics.sampling import ActFunction, FloatArray, TrainedPolicy
 from offaug.pipeline.diagnostics.settings import DiagnosticsSettings
 
 

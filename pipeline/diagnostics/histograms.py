@@ -1,4 +1,4 @@
-"""Quantiles and histograms in the shapes of :mod:`offaug.pipeline.diagnostics.schema`."""
+"""Quantiles and histograms in the shapes of :mod:`offaug.pipeline.diagnostics.document`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from offaug.pipeline.diagnostics.schema import QUANTILE_LEVELS, PairedHistogram, Quantiles
+from offaug.pipeline.diagnostics.document import QUANTILE_LEVELS, PairedHistogram, Quantiles
 
 
 def quantiles(values: npt.ArrayLike) -> Quantiles:

@@ -24,11 +24,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from offaug.algorithms.networks import MLP
+from offaug.algorithms.nn.networks import MLP
 from offaug.datasets.weights import effective_sample_size_from_logs
 from offaug.pipeline.diagnostics.coverage import standardiser
 from offaug.pipeline.diagnostics.evaluation import Episode, episode_records
-from offaug.pipeline.diagnostics.policies import BehaviourModel
+from offaug.pipeline.diagnostics.policy_document import OpeEntry, WpdisResult
+from offaug.pipeline.diagnostics.policy_models import BehaviourModel
 from offaug.pipeline.diagnostics.sampling import (
     ActFunction,
     FloatArray,
@@ -38,9 +39,8 @@ from offaug.pipeline.diagnostics.sampling import (
     flat,
     single_threaded,
 )
-from offaug.pipeline.diagnostics.schema import OpeEntry, WpdisResult
 from offaug.pipeline.diagnostics.settings import DiagnosticsSettings
-from offaug.pipeline.noise import truncnorm_log_prob
+from offaug.pipeline.rollouts.noise import truncnorm_log_prob
 
 
 def weighted_per_decision_is(

@@ -3,7 +3,8 @@
 Two orders:
 
 * by default, lexicographic: mean return, then success rate, then mean length;
-* with a :class:`~offaug.pipeline.rank_metric.RankMetric` (``return:0.6,success:0.3,length:0.1``),
+* with a :class:`~offaug.pipeline.schema.rank_metric.RankMetric`
+(``return:0.6,success:0.3,length:0.1``),
   by a **weighted score**. Each metric is first put on a common scale: min-max over every
   episode of every candidate (0 is the worst episode seen on that metric, 1 the best; the
   direction is the term's, so ``-length`` makes the shortest episode 1). A metric equal in every
@@ -24,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from offaug.pipeline.diagnostics.evaluation import evaluate_checkpoint
-from offaug.pipeline.diagnostics.schema import RankingEntry, WeightedRanking
-from offaug.pipeline.rank_metric import MetricName, RankMetric
+from offaug.pipeline.diagnostics.policy_document import RankingEntry, WeightedRanking
+from offaug.pipeline.schema.rank_metric import MetricName, RankMetric
 
 BOOTSTRAP_REPS = 2000
 """Bootstrap resamples of the start states per interval."""

@@ -1,7 +1,7 @@
 """Running the diagnostics: the ``diagnose`` stage, one policy's checks, and a re-run of a run.
 
 :func:`run_diagnostics` (the ``diagnose`` stage) loads the original dataset and the augmented
-shard set, computes every section of :class:`~offaug.pipeline.diagnostics.schema.Diagnostics`
+shard set, computes every section of :class:`~offaug.pipeline.diagnostics.document.Diagnostics`
 on at most ``config.max_states`` sampled states each, writes it atomically as JSON and returns
 it. Each trained policy's checks are one :func:`diagnose_policy` call, which the pipeline runs as
 a stage of its own as soon as that policy is trained, and :func:`run_diagnostics` merges (or
@@ -21,15 +21,29 @@ from typing import Any
 
 import numpy as np
 
-from offaug.algorithms.train import load_trainer
+from offaug.algorithms.training.loop import load_trainer
 from offaug.datasets import ShardSet, load_transitions
 from offaug.datasets.atomic import write_json_atomic
+from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.diagnostics.coverage import state_coverage
 from offaug.pipeline.diagnostics.data import data_section
 from offaug.pipeline.diagnostics.divergence import divergence_section, policy_divergence
+from offaug.pipeline.diagnostics.document import (
+    SCHEMA_VERSION,
+    CoverageSection,
+    Diagnostics,
+    WeightsSection,
+)
 from offaug.pipeline.diagnostics.evaluation import evaluation_entry, evaluation_episodes
+from offaug.pipeline.diagnostics.importance import importance_weight_diagnostics
 from offaug.pipeline.diagnostics.ope import ope_entry
-from offaug.pipeline.diagnostics.policies import BehaviourModel
+from offaug.pipeline.diagnostics.policy_document import (
+    EvaluationEntry,
+    PolicyPart,
+    RankingEntry,
+    ValueEntry,
+)
+from offaug.pipeline.diagnostics.policy_models import BehaviourModel
 from offaug.pipeline.diagnostics.ranking import rank_results
 from offaug.pipeline.diagnostics.sampling import (
     PolicySample,
@@ -39,22 +53,12 @@ from offaug.pipeline.diagnostics.sampling import (
     jsonable,
     single_threaded,
 )
-from offaug.pipeline.diagnostics.schema import (
-    SCHEMA_VERSION,
-    CoverageSection,
-    Diagnostics,
-    EvaluationEntry,
-    PolicyPart,
-    RankingEntry,
-    ValueEntry,
-    WeightsSection,
-)
 from offaug.pipeline.diagnostics.settings import DiagnosticsSettings
 from offaug.pipeline.diagnostics.value import value_entry
-from offaug.pipeline.diagnostics.weights import importance_weight_diagnostics
-from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef, RunLayout
-from offaug.pipeline.rundir import read_run_records
-from offaug.pipeline.workflow import DiagnosticsModel, load_workflow
+from offaug.pipeline.rundir.files import read_run_records
+from offaug.pipeline.rundir.run_layout import RunLayout
+from offaug.pipeline.schema.run_sections import DiagnosticsModel
+from offaug.pipeline.schema.workflow import load_workflow
 
 
 class _Timer:
@@ -97,7 +101,7 @@ def run_diagnostics(
             (the pipeline runs them as stages of their own); computed here when None.
 
     Returns:
-        The document, shaped as :class:`~offaug.pipeline.diagnostics.schema.Diagnostics`.
+        The document, shaped as :class:`~offaug.pipeline.diagnostics.document.Diagnostics`.
     """
     with single_threaded():
         result = _diagnose(data, augmented, bc, models, config, seed, settings, parts)
@@ -228,7 +232,7 @@ def diagnose_policy(
 
     A stage of its own in the pipeline, run as soon as that policy is trained (in parallel with
     the other trainings); :func:`run_diagnostics` merges the parts. Returns a
-    :class:`~offaug.pipeline.diagnostics.schema.PolicyPart` (JSON-ready).
+    :class:`~offaug.pipeline.diagnostics.document.PolicyPart` (JSON-ready).
     """
     with single_threaded():
         behaviour = BehaviourModel.from_trainer(load_trainer(bc.path, device="cpu"))

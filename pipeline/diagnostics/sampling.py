@@ -20,7 +20,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from offaug.pipeline.diagnostics.returns import complete_returns, discounted_returns
-from offaug.pipeline.workflow import DiagnosticsModel
+from offaug.pipeline.schema.run_sections import DiagnosticsModel
 
 # Rows per policy/critic call: BCQ decodes 100 actions per state through a 750-wide VAE.
 CHUNK_ROWS = 256
@@ -44,7 +44,8 @@ class TrainedPolicy:
 def single_threaded() -> Iterator[None]:
     """Run BLAS and torch on one thread inside the block, restoring torch's count after."""
     # Small matrices only: a multi-threaded BLAS or torch pool just spins on a busy machine
-    # (see offaug.pipeline.rollout), so both run on one thread here and are restored after.
+    # (see offaug.pipeline.rollouts.simulator), so both run on one thread here and are restored
+    # after.
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

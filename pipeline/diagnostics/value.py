@@ -14,7 +14,13 @@ import numpy as np
 import numpy.typing as npt
 
 from offaug.pipeline.diagnostics.evaluation import Episode
-from offaug.pipeline.diagnostics.policies import ActionSpace
+from offaug.pipeline.diagnostics.policy_document import (
+    RandomActionGap,
+    ScatterPoints,
+    ValueEntry,
+    ValueGap,
+)
+from offaug.pipeline.diagnostics.policy_models import ActionSpace
 from offaug.pipeline.diagnostics.returns import complete_returns, discounted_returns
 from offaug.pipeline.diagnostics.sampling import (
     FloatArray,
@@ -23,12 +29,6 @@ from offaug.pipeline.diagnostics.sampling import (
     TrainedPolicy,
     batched_q,
     sample_indices,
-)
-from offaug.pipeline.diagnostics.schema import (
-    RandomActionGap,
-    ScatterPoints,
-    ValueEntry,
-    ValueGap,
 )
 from offaug.pipeline.diagnostics.settings import DiagnosticsSettings
 

@@ -1,7 +1,7 @@
 """The report's media sections: animations of the trained policies and of the data, fitted to
 the report's size bound, and the dataset doctor's findings.
 
-The videos are the GIF files the media stages wrote (:mod:`offaug.pipeline.media_stages`),
+The videos are the GIF files the media stages wrote (:mod:`offaug.pipeline.stages.media`),
 embedded as data URIs. Together they get what the rest of the page leaves of
 ``max_report_mb``: clips are fitted smallest first, each to an equal share of what is left
 (so a small clip's unused share goes to the larger ones). A clip over its share keeps every
@@ -66,8 +66,8 @@ def _fit(clip: Mapping[str, Any], budget: int) -> _Fitted:
     if _uri_length(len(encoded)) <= budget:
         return _Fitted(_data_uri(encoded), "")
     # Imported only to re-encode: pipeline.video pulls in the renderer, and so torch.
-    from offaug.pipeline.render import RenderedEpisode
-    from offaug.pipeline.video import episode_animation
+    from offaug.pipeline.media.render import RenderedEpisode
+    from offaug.pipeline.media.video import episode_animation
 
     frames = np.asarray(iio.imread(path, index=None), dtype=np.uint8)[..., :3]
     fps = float(clip.get("fps") or 10.0)

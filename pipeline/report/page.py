@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from offaug.datasets.atomic import atomic_path
-from offaug.pipeline.layout import RunLayout
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
 from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
 from offaug.pipeline.report.plots import Plot, render_plots
-from offaug.pipeline.report.verdict import VERDICT_CSS, verdict_html
+from offaug.pipeline.report.verdict_section import VERDICT_CSS, verdict_html
+from offaug.pipeline.rundir.run_layout import RunLayout
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
@@ -371,7 +371,7 @@ def write_report(metrics: Mapping[str, Any], out_html: Path) -> Path:
     """Write the self-contained HTML report atomically (temporary name, then rename).
 
     Args:
-        metrics: The run's metrics (:class:`~offaug.pipeline.report.schema.Metrics`).
+        metrics: The run's metrics (:class:`~offaug.pipeline.report.metrics_document.Metrics`).
         out_html: The file to write; its directory is created.
 
     Returns:

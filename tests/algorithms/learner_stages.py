@@ -11,9 +11,10 @@ from typing import Any
 from offaug.algorithms.base import Spaces, spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
-from offaug.pipeline.layout import DatasetRef
-from offaug.pipeline.stages import diagnose_policy_stage, train_bc, train_offline
-from offaug.pipeline.workflow import BCConfigModel, DiagnosticsModel, EvaluationModel, TrainModel
+from offaug.pipeline.contracts import DatasetRef
+from offaug.pipeline.schema.run_sections import DiagnosticsModel, EvaluationModel
+from offaug.pipeline.schema.sections import BCConfigModel, TrainModel
+from offaug.pipeline.stages.learning import diagnose_policy_stage, train_bc, train_offline
 
 
 def train_and_diagnose(

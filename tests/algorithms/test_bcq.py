@@ -13,7 +13,7 @@ import torch
 from offaug.algorithms import registry
 from offaug.algorithms.base import Spaces, soft_update, spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.bcq import (
+from offaug.algorithms.learners.bcq import (
     BCQ,
     BCQConfig,
     actor_loss,
@@ -21,16 +21,17 @@ from offaug.algorithms.bcq import (
     soft_clipped_double_q,
     vae_loss,
 )
-from offaug.algorithms.discrete_bcq import (
+from offaug.algorithms.learners.discrete_bcq import (
     DiscreteBCQ,
     DiscreteBCQConfig,
     allowed_actions,
     constrained_greedy,
     discrete_bcq_loss,
 )
-from offaug.algorithms.kernels import Workspace, ensemble_affines, mlp_affines, tiled_mlp
-from offaug.algorithms.losses import ensemble_td_loss, td_target
-from offaug.algorithms.train import TrainOptions, load_trainer, train
+from offaug.algorithms.learners.losses import ensemble_td_loss, td_target
+from offaug.algorithms.nn.kernels import Workspace, tiled_mlp
+from offaug.algorithms.nn.networks import ensemble_affines, mlp_affines
+from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 SMALL = BCQConfig(

@@ -18,8 +18,8 @@ import torch
 from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.compiling import CompileFallbackWarning, compile_trainer
-from offaug.algorithms.train import TrainOptions, train
+from offaug.algorithms.training.compiling import CompileFallbackWarning, compile_trainer
+from offaug.algorithms.training.loop import TrainOptions, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 HAVE_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
@@ -109,9 +109,10 @@ def test_train_with_compile_option_records_it_and_finishes(
 def test_workflow_compile_options_reach_the_bc_and_train_stages(
     make_test_dataset, tmp_path: Path
 ) -> None:
-    from offaug.pipeline.layout import DatasetRef
-    from offaug.pipeline.stages import train_bc, train_offline
-    from offaug.pipeline.workflow import BCConfigModel, EvaluationModel, TrainModel
+    from offaug.pipeline.contracts import DatasetRef
+    from offaug.pipeline.schema.run_sections import EvaluationModel
+    from offaug.pipeline.schema.sections import BCConfigModel, TrainModel
+    from offaug.pipeline.stages.learning import train_bc, train_offline
 
     dataset_id = make_test_dataset("hopper", "hdf5").dataset_id
     data = load_transitions(dataset_id)

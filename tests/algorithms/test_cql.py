@@ -18,19 +18,19 @@ import torch
 from offaug.algorithms import registry
 from offaug.algorithms.base import Spaces, config_from_json, spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.cql import CQL, CQLConfig
-from offaug.algorithms.cql_losses import alpha_loss, conservative_gap, conservative_penalty
-from offaug.algorithms.discrete_cql import (
+from offaug.algorithms.fusing import Draws
+from offaug.algorithms.learners.cql import CQL, CQLConfig
+from offaug.algorithms.learners.cql_losses import alpha_loss, conservative_gap, conservative_penalty
+from offaug.algorithms.learners.discrete_cql import (
     DiscreteCQL,
     DiscreteCQLConfig,
     discrete_conservative_loss,
     discrete_td_loss,
 )
-from offaug.algorithms.distributions import tanh_gaussian
-from offaug.algorithms.fusing import Draws
-from offaug.algorithms.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
-from offaug.algorithms.statistics import observation_moments
-from offaug.algorithms.train import TrainOptions, load_trainer, make_sampler, train
+from offaug.algorithms.learners.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
+from offaug.algorithms.nn.distributions import tanh_gaussian
+from offaug.algorithms.normalisation import observation_moments
+from offaug.algorithms.training.loop import TrainOptions, load_trainer, make_sampler, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4}

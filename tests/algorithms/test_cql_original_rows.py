@@ -11,14 +11,14 @@ import torch
 
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.cql import CQL, CQLConfig
-from offaug.algorithms.cql_losses import (
+from offaug.algorithms.fused.train import train_fused
+from offaug.algorithms.learners.cql import CQL, CQLConfig
+from offaug.algorithms.learners.cql_losses import (
     conservative_gap,
     conservative_penalty,
     original_rows_gap,
 )
-from offaug.algorithms.train import TrainOptions, load_trainer, train
-from offaug.algorithms.train_fused import train_fused
+from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
 from offaug.datasets import MixtureSampler, Transitions
 
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4, "lagrange": False}

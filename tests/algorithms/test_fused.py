@@ -17,16 +17,17 @@ import torch
 from typer.testing import CliRunner
 
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.cql import CQL
-from offaug.algorithms.fused import FusedTrainer, stack_batches
-from offaug.algorithms.train import TrainOptions, load_trainer, train
-from offaug.algorithms.train_fused import build_members, member_configs, train_fused
+from offaug.algorithms.fused.train import build_members, member_configs, train_fused
+from offaug.algorithms.fused.trainer import FusedTrainer, stack_batches
+from offaug.algorithms.learners.cql import CQL
+from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
 from offaug.cli import app
 from offaug.datasets import Transitions, load_transitions, write_shard_set
 from offaug.datasets.sampler import stack_numpy
-from offaug.pipeline.layout import AugmentedRef, DatasetRef
-from offaug.pipeline.stages import train_offline, train_offline_fused
-from offaug.pipeline.workflow import EvaluationModel, TrainModel
+from offaug.pipeline.contracts import AugmentedRef, DatasetRef
+from offaug.pipeline.schema.run_sections import EvaluationModel
+from offaug.pipeline.schema.sections import TrainModel
+from offaug.pipeline.stages.learning import train_offline, train_offline_fused
 from tests.algorithms.fused_runs import (
     SMALL,
     TOLERANCE,

@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from offaug.algorithms.iql import (
+from offaug.algorithms.learners.iql import (
     IQL,
     IQLConfig,
     advantage_weights,
@@ -25,8 +25,8 @@ from offaug.algorithms.iql import (
     expectile_loss,
     gaussian_log_prob,
 )
-from offaug.algorithms.statistics import return_range, reward_scale
-from offaug.algorithms.train import load_trainer, make_sampler
+from offaug.algorithms.normalisation import return_range, reward_scale
+from offaug.algorithms.training.loop import load_trainer, make_sampler
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from offaug.algorithms.distributions import tanh_gaussian
-from offaug.algorithms.kernels import batched_affine, ensemble_values
-from offaug.algorithms.networks import CriticEnsemble, TanhGaussianActor
+from offaug.algorithms.nn.distributions import tanh_gaussian
+from offaug.algorithms.nn.kernels import batched_affine
+from offaug.algorithms.nn.networks import CriticEnsemble, TanhGaussianActor, ensemble_values
 
 # (members, rows, inputs, outputs): one-unit and narrowing layers take the hand-laid products,
 # widening ones baddbmm itself.

@@ -17,8 +17,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from offaug.algorithms.base import config_from_json, config_to_json
-from offaug.algorithms.networks import CriticEnsemble, EnsembleLayerNorm, EnsembleMLP
-from offaug.algorithms.rebrac import (
+from offaug.algorithms.learners.rebrac import (
     PAPER_PENALTIES,
     ReBRAC,
     ReBRACConfig,
@@ -26,7 +25,8 @@ from offaug.algorithms.rebrac import (
     rebrac_actor_loss,
     squared_distance,
 )
-from offaug.algorithms.train import load_trainer
+from offaug.algorithms.nn.networks import CriticEnsemble, EnsembleLayerNorm, EnsembleMLP
+from offaug.algorithms.training.loop import load_trainer
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions
 from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose

@@ -15,10 +15,10 @@ import torch
 from offaug.algorithms.base import Spaces, load_checkpoint, save_checkpoint
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import evaluate, make_env
-from offaug.algorithms.levels import LEVEL_FILE, POLICY_FILE, make_level_dataset
-from offaug.algorithms.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
-from offaug.algorithms.online import ReplayBuffer, train_online
-from offaug.algorithms.sac import SAC, SACConfig, soft_td_target
+from offaug.algorithms.learners.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
+from offaug.algorithms.learners.sac import SAC, SACConfig, soft_td_target
+from offaug.algorithms.online.levels import LEVEL_FILE, POLICY_FILE, make_level_dataset
+from offaug.algorithms.online.loop import ReplayBuffer, train_online
 from offaug.datasets import load_transitions
 
 SPACES = Spaces(5, 2, action_low=(-2.0, -0.5), action_high=(2.0, 0.5))

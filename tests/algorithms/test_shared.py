@@ -17,7 +17,7 @@ import torch
 from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.train import TrainOptions, load_trainer, make_sampler, train
+from offaug.algorithms.training.loop import TrainOptions, load_trainer, make_sampler, train
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 ALGORITHMS = sorted(registry.ALGORITHMS)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.state_noise import StateNoise, StateNoiser, observation_std
-from offaug.algorithms.train import TrainOptions, load_trainer, train
+from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
+from offaug.algorithms.training.state_noise import StateNoise, StateNoiser, observation_std
 from offaug.datasets import MixtureSampler, ShardSet, Transitions, load_transitions, write_shard_set
 
 STD = np.array([0.5, 2.0, 0.0, 10.0])

@@ -15,19 +15,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from offaug.algorithms.statistics import (
-    OBSERVATION_STD_EPSILON,
-    ObservationNormaliser,
-    observation_moments,
-)
-from offaug.algorithms.td3bc import (
+from offaug.algorithms.learners.td3bc import (
     TD3BC,
     TD3BCConfig,
     q_normaliser,
     smoothed_actions,
     td3bc_actor_loss,
 )
-from offaug.algorithms.train import load_trainer, make_sampler
+from offaug.algorithms.normalisation import (
+    OBSERVATION_STD_EPSILON,
+    ObservationNormaliser,
+    observation_moments,
+)
+from offaug.algorithms.training.loop import load_trainer, make_sampler
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose

@@ -15,11 +15,11 @@ from torch import distributions as D
 from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.bc import BC
-from offaug.algorithms.cql import CQL
-from offaug.algorithms.iql import IQL
-from offaug.algorithms.train import TrainOptions, make_sampler, train
-from offaug.algorithms.weighting import (
+from offaug.algorithms.learners.bc import BC
+from offaug.algorithms.learners.cql import CQL
+from offaug.algorithms.learners.iql import IQL
+from offaug.algorithms.training.loop import TrainOptions, make_sampler, train
+from offaug.algorithms.training.weighting import (
     PolicyWeights,
     WeightUsage,
     clipped_policy_weights,
@@ -27,9 +27,9 @@ from offaug.algorithms.weighting import (
 )
 from offaug.datasets import MixtureSampler, ShardSet, Transitions, load_transitions
 from offaug.datasets.weights import effective_sample_size
-from offaug.pipeline.noise import parse_noise
-from offaug.pipeline.rollout import RolloutConfig
-from offaug.pipeline.rollout_tasks import rollout_to_shard_set
+from offaug.pipeline.rollouts.noise import parse_noise
+from offaug.pipeline.rollouts.simulator import RolloutConfig
+from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 
 SMALL = {"hidden": (32, 32), "batch_size": 64}
 

@@ -24,8 +24,9 @@ import yaml
 
 from offaug.algorithms.base import CheckpointError, load_checkpoint
 from offaug.datasets import DataError, ShardSet, load_transitions, write_shard_set
-from offaug.pipeline.graph import run_workflow
-from offaug.pipeline.workflow import WorkflowError, load_workflow
+from offaug.pipeline.engine.graph import run_workflow
+from offaug.pipeline.schema.validation import WorkflowError
+from offaug.pipeline.schema.workflow import load_workflow
 from tests.pipeline.test_graph import Cluster, _workflow
 
 BIN = Path(sys.executable).parent

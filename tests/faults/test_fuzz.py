@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from offaug.datasets import DataError, load_transitions, read_shard, write_shard
 from offaug.datasets.d4rl_reader import read_d4rl_hdf5
 from offaug.datasets.minari_reader import read_minari_dir
-from offaug.pipeline.workflow import WorkflowError, load_workflow
+from offaug.pipeline.schema.validation import WorkflowError
+from offaug.pipeline.schema.workflow import load_workflow
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 

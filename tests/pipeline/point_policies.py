@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from offaug.algorithms.train import TrainOptions, train
+from offaug.algorithms.training.loop import TrainOptions, train
 from offaug.datasets import Transitions, load_transitions
-from offaug.pipeline.graph import StageRecords
-from offaug.pipeline.layout import DatasetRef, ModelRef, RunLayout
+from offaug.pipeline.contracts import DatasetRef, ModelRef
+from offaug.pipeline.engine.graph import StageRecords
+from offaug.pipeline.rundir.run_layout import RunLayout
 
 QUALITY_ORDER = ("toward", "still", "away")
 """Best first."""

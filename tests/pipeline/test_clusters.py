@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from offaug.pipeline.clusters import kubernetes_spec, slurm_job_script
-from offaug.pipeline.workflow import ClusterModel
+from offaug.pipeline.engine.clusters import kubernetes_spec, slurm_job_script
+from offaug.pipeline.schema.run_sections import ClusterModel
 
 
 def test_slurm_job_script_carries_the_workflow_settings() -> None:

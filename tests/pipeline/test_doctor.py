@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from offaug.cli import app
 from offaug.datasets import write_shard_set
 from offaug.datasets.doctor import env_facts
-from offaug.pipeline.doctor import doctor_source, horizon_findings, rollout_horizon
-from offaug.pipeline.workflow import load_workflow
+from offaug.pipeline.schema.workflow import load_workflow
+from offaug.pipeline.stages.doctor import doctor_source, horizon_findings, rollout_horizon
 from tests.datasets.test_doctor import clean_dataset
 
 runner = CliRunner()

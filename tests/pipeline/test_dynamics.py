@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from offaug.datasets import load_transitions
-from offaug.pipeline.dynamics import (
+from offaug.pipeline.rollouts.dynamics import (
     DynamicsConfig,
     dataset_statistics,
     load_dynamics,
@@ -19,7 +19,7 @@ from offaug.pipeline.dynamics import (
     save_dynamics,
     train_dynamics,
 )
-from offaug.pipeline.noise import parse_noise
+from offaug.pipeline.rollouts.noise import parse_noise
 from tests.pipeline.test_rollout import KnownHopperPolicy
 
 CONFIG = DynamicsConfig(members=4, hidden=(64, 64), steps=250, horizon=5, seed=0)
@@ -131,7 +131,7 @@ def test_model_rollouts_carry_self_normalised_weights(trained) -> None:
 
 
 def test_disagreement_scores_every_state_and_the_filter_drops_rollouts(trained) -> None:
-    from offaug.pipeline.rollout_data import EpisodeFilter, ReturnBaseline
+    from offaug.pipeline.rollouts.data import EpisodeFilter, ReturnBaseline
 
     data, model = trained
     spread = model.disagreement(data.observations[:50], data.actions[:50], chunk=16)

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from offaug.datasets import ShardSet
-from offaug.pipeline.graph import run_workflow
-from offaug.pipeline.workflow import Workflow
+from offaug.pipeline.engine.graph import run_workflow
+from offaug.pipeline.schema.workflow import Workflow
 
 BIN = Path(sys.executable).parent
 
@@ -268,7 +268,7 @@ def test_a_second_run_on_a_held_directory_stops_at_once(
 
 
 def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Path) -> None:
-    from offaug.pipeline.graph import StageFailed
+    from offaug.pipeline.engine.graph import StageFailed
 
     workflow = _workflow(tmp_path, train={"resources": {"GPU": 1}})
     with pytest.raises(StageFailed, match="GPU"):
@@ -276,7 +276,8 @@ def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Pat
 
 
 def test_workflow_files_validate(tmp_path: Path) -> None:
-    from offaug.pipeline.workflow import WorkflowError, load_workflow
+    from offaug.pipeline.schema.validation import WorkflowError
+    from offaug.pipeline.schema.workflow import load_workflow
 
     for path in sorted(Path("workflows").glob("*.yaml")):
         load_workflow(path)
@@ -296,7 +297,8 @@ def test_learner_configs_are_checked_against_their_config_classes(tmp_path: Path
     """A typo in a learner's config fails validation, naming file, line and field, before BC
     and the rollouts have run; so do wrong types, unknown learners and typos under ``bc``.
     """
-    from offaug.pipeline.workflow import WorkflowError, load_workflow
+    from offaug.pipeline.schema.validation import WorkflowError
+    from offaug.pipeline.schema.workflow import load_workflow
 
     path = tmp_path / "typo.yaml"
     path.write_text(
@@ -341,7 +343,7 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     keys, so ``offaug run`` on that file resumes a run started in-process; a changed value
     changes the key.
     """
-    from offaug.pipeline.keys import stage_key
+    from offaug.pipeline.rundir.keys import stage_key
 
     workflow = _workflow(
         tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 32}}}
@@ -364,9 +366,9 @@ def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_pa
     worker, the second waits for a free worker and runs on the one that frees up, not queued
     behind the first (the stranding that left a worker idle for 40 s of the quickstart).
     """
-    from offaug.pipeline.layout import RunLayout
-    from offaug.pipeline.rundir import StageRecords
-    from offaug.pipeline.scheduler import StageScheduler
+    from offaug.pipeline.engine.scheduler import StageScheduler
+    from offaug.pipeline.rundir.files import StageRecords
+    from offaug.pipeline.rundir.run_layout import RunLayout
 
     layout = RunLayout(tmp_path / "run")
     layout.root.mkdir(parents=True)
@@ -397,7 +399,7 @@ def test_worker_side_modules_do_not_import_torch() -> None:
     the first stage runs; torch (seconds to import) is imported in the background instead.
     """
     code = (
-        "import sys, offaug.pipeline.stages, offaug.pipeline.workers; "
+        "import sys, offaug.pipeline.stages.learning, offaug.pipeline.engine.workers; "
         "print(sorted(m for m in ('torch', 'scipy.stats') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -412,9 +414,9 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
     """
     from distributed import Client
 
-    from offaug.pipeline.layout import RunLayout
-    from offaug.pipeline.rundir import StageRecords
-    from offaug.pipeline.scheduler import StageScheduler
+    from offaug.pipeline.engine.scheduler import StageScheduler
+    from offaug.pipeline.rundir.files import StageRecords
+    from offaug.pipeline.rundir.run_layout import RunLayout
 
     layout = RunLayout(tmp_path / "run")
     layout.root.mkdir(parents=True)

@@ -13,23 +13,18 @@ import numpy as np
 import pytest
 
 from offaug.datasets import write_shard_set
-from offaug.pipeline import stages
-from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
-from offaug.pipeline.media_stages import (
-    doctor_stage,
-    media_metrics,
+from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.media.render import RenderUnavailable, gl_backend
+from offaug.pipeline.outcome.summary import media_metrics
+from offaug.pipeline.schema.run_sections import EvaluationModel, ReportModel
+from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig, TrainModel
+from offaug.pipeline.stages import learning as stages
+from offaug.pipeline.stages import rollouts as rollout_stages
+from offaug.pipeline.stages.doctor import doctor_stage
+from offaug.pipeline.stages.media import (
     render_data_stage,
     render_policy_stage,
     return_ranks,
-)
-from offaug.pipeline.render import RenderUnavailable, gl_backend
-from offaug.pipeline.workflow import (
-    BCConfigModel,
-    EvaluationModel,
-    ReportModel,
-    RolloutModel,
-    SourceConfig,
-    TrainModel,
 )
 from tests.datasets.test_doctor import clean_dataset
 
@@ -59,8 +54,8 @@ def trained(
     )
     rollout = RolloutModel(episodes=3, tasks=1, n_envs=3, start="dataset", noise="gaussian:0.2")
     shards = str(root / "augmented")
-    shard = stages.rollout_shard(data, bc, rollout, shards, 0, 0)
-    return data, model, stages.merge_rollouts([shard], shards, rollout)
+    shard = rollout_stages.rollout_shard(data, bc, rollout, shards, 0, 0)
+    return data, model, rollout_stages.merge_rollouts([shard], shards, rollout)
 
 
 def test_return_ranks_pick_best_worst_and_evenly_between() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from offaug.pipeline.graph import run_workflow
-from offaug.pipeline.render import RenderUnavailable, gl_backend
+from offaug.pipeline.engine.graph import run_workflow
+from offaug.pipeline.media.render import RenderUnavailable, gl_backend
 from tests.pipeline.test_graph import Cluster, _workflow
 
 

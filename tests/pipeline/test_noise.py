@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from offaug.pipeline.noise import ContinuousNoise, DiscreteNoise, NoiseSpecError, parse_noise
+from offaug.pipeline.rollouts.noise import (
+    ContinuousNoise,
+    DiscreteNoise,
+    NoiseSpecError,
+    parse_noise,
+)
 
 
 @pytest.mark.parametrize(
@@ -125,7 +130,9 @@ def test_epsilon_zero_is_refused_for_discrete_actions() -> None:
 def test_the_workflow_holds_the_parsed_spec_and_writes_back_its_text(tmp_path) -> None:
     import yaml
 
-    from offaug.pipeline.workflow import RolloutModel, WorkflowError, load_workflow
+    from offaug.pipeline.schema.sections import RolloutModel
+    from offaug.pipeline.schema.validation import WorkflowError
+    from offaug.pipeline.schema.workflow import load_workflow
 
     rollout = RolloutModel.model_validate({"noise": "0.7*gaussian:0.1+0.3*ou:0.2:0.3"})
     assert rollout.noise == parse_noise("0.7*gaussian:0.1+0.3*ou:0.2:0.3")

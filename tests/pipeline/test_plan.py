@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from offaug.pipeline.layout import RunLayout
-from offaug.pipeline.plan import plan_workflow
-from offaug.pipeline.scheduler import Ref
-from offaug.pipeline.stage_plan import Plan
-from offaug.pipeline.workflow import Workflow, WorkflowError, load_workflow
+from offaug.pipeline.engine.plan import plan_workflow
+from offaug.pipeline.engine.scheduler import Ref
+from offaug.pipeline.engine.stage_plan import Plan
+from offaug.pipeline.rundir.run_layout import RunLayout
+from offaug.pipeline.schema.validation import WorkflowError
+from offaug.pipeline.schema.workflow import Workflow, load_workflow
 
 
 def _workflow(**sections: Any) -> Workflow:

@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from offaug.pipeline.rank_metric import MetricTerm, RankMetric, RankMetricError, parse_rank_metric
-from offaug.pipeline.workflow import WorkflowError, load_workflow
+from offaug.pipeline.schema.rank_metric import (
+    MetricTerm,
+    RankMetric,
+    RankMetricError,
+    parse_rank_metric,
+)
+from offaug.pipeline.schema.validation import WorkflowError
+from offaug.pipeline.schema.workflow import load_workflow
 
 
 def test_weights_are_normalised_and_directions_kept() -> None:

@@ -11,9 +11,10 @@ from pydantic import ValidationError
 
 from offaug.datasets import load_transitions
 from offaug.datasets.shards import read_shard
-from offaug.pipeline import stages
-from offaug.pipeline.layout import ModelRef
-from offaug.pipeline.workflow import BCConfigModel, RolloutModel, SourceConfig
+from offaug.pipeline.contracts import ModelRef
+from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig
+from offaug.pipeline.stages import learning as stages
+from offaug.pipeline.stages import rollouts as rollout_stages
 
 
 def test_rollout_fields_validate() -> None:
@@ -69,10 +70,10 @@ def test_the_rollout_stage_takes_a_learner_and_reports_the_filter(
     )
     learner = ModelRef("bc-original", bc.path, bc.checksum, {})
     out = str(tmp_path / "aug")
-    tasks = stages.rollout_tasks(data, bc, config, out, 3, policy_model=learner)
+    tasks = rollout_stages.rollout_tasks(data, bc, config, out, 3, policy_model=learner)
     assert all(t.learner == bc.path and t.config.starts == "sparse" for t in tasks)
-    shards = [stages.rollout_shard(data, bc, config, out, 3, i, learner) for i in range(2)]
-    augmented = stages.merge_rollouts(shards, out, config)
+    shards = [rollout_stages.rollout_shard(data, bc, config, out, 3, i, learner) for i in range(2)]
+    augmented = rollout_stages.merge_rollouts(shards, out, config)
     counts = augmented.metrics["filter"]
     assert counts["kept"] + counts["dropped"] == 4 and counts["kept"] == augmented.episodes
     assert augmented.metrics["policy"] == "bc"
@@ -81,7 +82,7 @@ def test_the_rollout_stage_takes_a_learner_and_reports_the_filter(
 def test_model_rollouts_start_where_the_ensemble_disagrees(
     make_test_dataset, tmp_path: Path
 ) -> None:
-    from offaug.pipeline.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+    from offaug.pipeline.rollouts.dynamics import DynamicsConfig, save_dynamics, train_dynamics
 
     made = make_test_dataset("hopper", "hdf5")
     data = stages.prepare_source(SourceConfig(dataset=made.dataset_id))
@@ -98,7 +99,7 @@ def test_model_rollouts_start_where_the_ensemble_disagrees(
     config = RolloutModel(
         backend="model", starts="disagreement", filter="data", filter_margin=100.0, horizon=3
     )
-    shard = stages.model_rollout_task(
+    shard = rollout_stages.model_rollout_task(
         data, bc, dynamics, config, str(tmp_path / "aug" / "shard-00000.arrow"), 0, 0
     )
     lengths = np.diff(read_shard(shard.shard.path).episode_bounds())
@@ -124,7 +125,7 @@ def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
         filter="data",
         noise_calibration={"scales": [3.0, 0.3, 0.03], "episodes": 8, "keep": 1.0},  # type: ignore[arg-type]
     )
-    calibration = stages.calibrate_noise_stage(data, bc, config, str(out), 3)
+    calibration = rollout_stages.calibrate_noise_stage(data, bc, config, str(out), 3)
     trials = calibration["trials"]
     assert [t["noise"] for t in trials] == ["gaussian:3", "gaussian:0.3", "gaussian:0.03"][
         : len(trials)
@@ -142,15 +143,16 @@ def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
     lenient = config.model_copy(
         update={"noise_calibration": config.noise_calibration.model_copy(update={"keep": keep})}
     )
-    first = stages.calibrate_noise_stage(data, bc, lenient, str(out), 3)
+    first = rollout_stages.calibrate_noise_stage(data, bc, lenient, str(out), 3)
     assert first["trials"] == trials[:1] and first["noise"] == "gaussian:3"
     # Every task rolls out with the chosen noise, and the manifest says which and why.
-    tasks = stages.rollout_tasks(data, bc, config, str(out), 3, calibration=calibration)
+    tasks = rollout_stages.rollout_tasks(data, bc, config, str(out), 3, calibration=calibration)
     assert {t.config.noise.text for t in tasks} == {calibration["noise"]}
     shards = [
-        stages.rollout_shard(data, bc, config, str(out), 3, i, None, calibration) for i in (0, 1)
+        rollout_stages.rollout_shard(data, bc, config, str(out), 3, i, None, calibration)
+        for i in (0, 1)
     ]
-    augmented = stages.merge_rollouts(shards, str(out), config, calibration)
+    augmented = rollout_stages.merge_rollouts(shards, str(out), config, calibration)
     assert augmented.metrics["noise"] == calibration["noise"]
     assert augmented.metrics["noise_calibration"] == calibration
     manifest = json.loads((out / "manifest.json").read_text())

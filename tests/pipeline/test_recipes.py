@@ -18,28 +18,28 @@ import numpy.typing as npt
 import pytest
 
 from offaug.algorithms.evaluate import make_env
-from offaug.algorithms.train import TrainOptions, load_trainer, train
+from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
 from offaug.datasets import ShardSet, load_transitions
 from offaug.datasets.generate import collect_episodes
-from offaug.pipeline.behaviour import ActionBox, CentredPolicy
-from offaug.pipeline.env_state import (
-    STATE_KINDS,
-    StateError,
-    dataset_start_states,
-    load_with_states,
-    set_state,
-)
-from offaug.pipeline.noise import parse_noise, truncnorm_log_prob
-from offaug.pipeline.policies import BCRolloutPolicy, LearnerRolloutPolicy
-from offaug.pipeline.rollout import RolloutConfig, RolloutError, rollout
-from offaug.pipeline.rollout_data import (
+from offaug.pipeline.rollouts.behaviour import ActionBox, CentredPolicy
+from offaug.pipeline.rollouts.data import (
     RESET_START,
     EpisodeFilter,
     ReturnBaseline,
     sparsity,
     start_probabilities,
 )
-from offaug.pipeline.rollout_tasks import rollout_to_shard_set
+from offaug.pipeline.rollouts.env_state import (
+    STATE_KINDS,
+    StateError,
+    dataset_start_states,
+    load_with_states,
+    set_state,
+)
+from offaug.pipeline.rollouts.noise import parse_noise, truncnorm_log_prob
+from offaug.pipeline.rollouts.policies import BCRolloutPolicy, LearnerRolloutPolicy
+from offaug.pipeline.rollouts.simulator import RolloutConfig, RolloutError, rollout
+from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 
 PENDULUM_BOX = ActionBox.from_bounds([-2.0], [2.0])
 

@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from offaug.algorithms.train import TrainOptions, train
+from offaug.algorithms.training.loop import TrainOptions, train
 from offaug.cli import app
-from offaug.pipeline.render import (
+from offaug.pipeline.media.render import (
     RenderUnavailable,
     VideoOptions,
     gl_backend,
     make_render_env,
     render_episodes,
 )
-from offaug.pipeline.video import encode_frames, episode_animation, write_video
+from offaug.pipeline.media.video import encode_frames, episode_animation, write_video
 
 runner = CliRunner()
 FRAMES = 4

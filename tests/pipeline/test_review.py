@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offaug.algorithms.train import TrainOptions, train
+from offaug.algorithms.training.loop import TrainOptions, train
 from offaug.datasets import DataError, Source, load_transitions
-from offaug.pipeline.review import (
+from offaug.pipeline.outcome.review import (
     LABEL_COLUMN,
     ReviewOptions,
     ReviewResult,

@@ -13,8 +13,8 @@ import pytest
 
 from offaug.algorithms.evaluate import make_env
 from offaug.datasets import ShardSet, load_transitions
-from offaug.pipeline.noise import parse_noise, truncnorm_log_prob
-from offaug.pipeline.rollout import (
+from offaug.pipeline.rollouts.noise import parse_noise, truncnorm_log_prob
+from offaug.pipeline.rollouts.simulator import (
     RolloutConfig,
     RolloutError,
     dataset_start_states,
@@ -213,8 +213,8 @@ def test_discrete_epsilon_greedy_rollout_records_log_probs(make_test_dataset) ->
 
 
 def test_bc_policy_rollout_to_shards(make_test_dataset, tmp_path: Path) -> None:
-    from offaug.algorithms.train import TrainOptions, train
-    from offaug.pipeline.rollout_tasks import merge_rollout_shards, run_rollout_task, split_tasks
+    from offaug.algorithms.training.loop import TrainOptions, train
+    from offaug.pipeline.rollouts.tasks import merge_rollout_shards, run_rollout_task, split_tasks
 
     made = make_test_dataset("hopper", "hdf5")
     run = train(
@@ -242,8 +242,8 @@ def test_bc_policy_rollout_to_shards(make_test_dataset, tmp_path: Path) -> None:
 def test_self_normalised_weights_are_pooled_over_every_shard(
     make_test_dataset, tmp_path: Path
 ) -> None:
-    from offaug.algorithms.train import TrainOptions, train
-    from offaug.pipeline.rollout_tasks import merge_rollout_shards, run_rollout_task, split_tasks
+    from offaug.algorithms.training.loop import TrainOptions, train
+    from offaug.pipeline.rollouts.tasks import merge_rollout_shards, run_rollout_task, split_tasks
 
     made = make_test_dataset("hopper", "hdf5")
     run = train(

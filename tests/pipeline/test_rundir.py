@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from offaug.datasets import DataError
-from offaug.pipeline.layout import DatasetRef, ModelRef, RunLayout
-from offaug.pipeline.rundir import StageRecords, read_stage_records
+from offaug.pipeline.contracts import DatasetRef, ModelRef
+from offaug.pipeline.rundir.files import StageRecords, read_stage_records
+from offaug.pipeline.rundir.run_layout import RunLayout
 
 
 def test_stage_records_decode_to_their_types(tmp_path: Path) -> None:

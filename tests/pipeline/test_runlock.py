@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from offaug.pipeline.runlock import RunDirectoryLocked, RunLock
+from offaug.pipeline.rundir.lock import RunDirectoryLocked, RunLock
 
 HOLD = """
 import sys, time
-from offaug.pipeline.runlock import RunLock
+from offaug.pipeline.rundir.lock import RunLock
 lock = RunLock(sys.argv[1])
 lock.acquire()
 print("held", flush=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from offaug.pipeline.statistics import as_scores, compare, iqm, iqm_estimate
+from offaug.pipeline.outcome.statistics import as_scores, compare, iqm, iqm_estimate
 
 
 def test_iqm_is_the_mean_of_the_middle_half() -> None:

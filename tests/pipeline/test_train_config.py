@@ -10,22 +10,18 @@ from typing import Any
 import pytest
 import yaml
 
-from offaug.algorithms import weighting
-from offaug.algorithms.train import TrainOptions, train
+from offaug.algorithms.training import weighting
+from offaug.algorithms.training.loop import TrainOptions, train
 from offaug.datasets.shards import file_checksum
-from offaug.pipeline import stages
-from offaug.pipeline.layout import AugmentedRef
-from offaug.pipeline.noise import parse_noise
-from offaug.pipeline.rollout import RolloutConfig
-from offaug.pipeline.rollout_tasks import rollout_to_shard_set
-from offaug.pipeline.workflow import (
-    EvaluationModel,
-    SourceConfig,
-    TrainModel,
-    Weighting,
-    WorkflowError,
-    load_workflow,
-)
+from offaug.pipeline.contracts import AugmentedRef
+from offaug.pipeline.rollouts.noise import parse_noise
+from offaug.pipeline.rollouts.simulator import RolloutConfig
+from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
+from offaug.pipeline.schema.run_sections import EvaluationModel
+from offaug.pipeline.schema.sections import SourceConfig, TrainModel, Weighting
+from offaug.pipeline.schema.validation import WorkflowError
+from offaug.pipeline.schema.workflow import load_workflow
+from offaug.pipeline.stages import learning as stages
 
 
 def _write(tmp_path: Path, train_section: dict[str, Any]) -> Path:

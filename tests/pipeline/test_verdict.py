@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from offaug.pipeline.verdict import PLAIN, RunScore, headline, judge, judge_arm
+from offaug.pipeline.contracts import PLAIN
+from offaug.pipeline.outcome.verdict import RunScore, headline, judge, judge_arm
 
 
 def _runs(learner: str, recipe: str, scores: list[float]) -> list[RunScore]:

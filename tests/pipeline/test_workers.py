@@ -8,7 +8,7 @@ import resource
 
 from distributed import Client, LocalCluster
 
-from offaug.pipeline.workers import pin_torch
+from offaug.pipeline.engine.workers import pin_torch
 
 
 def _faults_per_step(steps: int = 20) -> float:
@@ -16,7 +16,8 @@ def _faults_per_step(steps: int = 20) -> float:
     import torch
 
     x, w = torch.randn(2048, 256), torch.randn(256, 256)
-    for _ in range(3):
+    # Warm-up steps grow the heap to its working size (after which nothing should fault).
+    for _ in range(10):
         (x @ w).relu_()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(steps):

@@ -6,7 +6,7 @@ import pytest
 
 from offaug.algorithms import registry
 from offaug.datasets import load_transitions
-from offaug.pipeline.layout import DatasetRef
+from offaug.pipeline.contracts import DatasetRef
 from tests.pipeline.diagnostics.helpers import Hopper, checkpoint
 
 

@@ -13,8 +13,8 @@ from offaug.algorithms import registry
 from offaug.algorithms.base import save_checkpoint, spaces_from_transitions
 from offaug.datasets import Transitions, write_shard_set
 from offaug.pipeline import diagnostics as diag
-from offaug.pipeline.layout import AugmentedRef, DatasetRef, ModelRef
-from offaug.pipeline.workflow import DiagnosticsModel
+from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef
+from offaug.pipeline.schema.run_sections import DiagnosticsModel
 
 # Small sizes; the hopper test dataset has ~800 rows, all used.
 FAST = diag.DiagnosticsSettings(evaluation_episodes=2, fqe_steps=50, scatter_points=50)

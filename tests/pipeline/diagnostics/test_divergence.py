@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from offaug.pipeline import diagnostics as diag
-from offaug.pipeline.diagnostics.policies import _rollout_divergence
+from offaug.pipeline.diagnostics.policy_models import _rollout_divergence
 
 
 def _known_behaviour(sigma: float) -> diag.BehaviourModel:
@@ -20,7 +20,7 @@ def _known_behaviour(sigma: float) -> diag.BehaviourModel:
 
 
 def test_divergence_of_the_behaviour_mean_and_of_noisy_rollouts() -> None:
-    from offaug.pipeline.noise import truncnorm_log_prob
+    from offaug.pipeline.rollouts.noise import truncnorm_log_prob
 
     rng = np.random.default_rng(0)
     behaviour = _known_behaviour(0.3)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from offaug.pipeline import diagnostics as diag
-from offaug.pipeline.rank_metric import parse_rank_metric
+from offaug.pipeline.schema.rank_metric import parse_rank_metric
 from tests.pipeline.diagnostics.helpers import (
     Hopper,
 )

@@ -1,7 +1,7 @@
 """The report's Videos and Dataset doctor sections: animations that play in headless Chromium,
 the size bound, the line that stands in for videos without OpenGL, and the doctor's findings.
 
-The clips are real GIF files written by :func:`offaug.pipeline.video.write_video` from small
+The clips are real GIF files written by :func:`offaug.pipeline.media.video.write_video` from small
 drawn frames (a square moving across, or noise that compresses badly); the media stages' own
 rendering is tested in ``tests/pipeline/test_media_stages.py``.
 """
@@ -20,8 +20,8 @@ import pytest
 from PIL import Image
 
 from offaug.datasets.doctor import diagnose_dataset
+from offaug.pipeline.media.video import write_video
 from offaug.pipeline.report import render_html, write_report
-from offaug.pipeline.video import write_video
 from tests.datasets.test_doctor import clean_dataset
 from tests.pipeline.report.browser import Browser
 from tests.pipeline.report.metrics import full_metrics

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from offaug.pipeline import diagnostics as diag
-from offaug.pipeline.rank_metric import parse_rank_metric
 from offaug.pipeline.report import headline, render_html, render_plots, write_report
+from offaug.pipeline.schema.rank_metric import parse_rank_metric
 
 
 def test_report_is_self_contained(report: Path) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from offaug.pipeline.contracts import PLAIN
+from offaug.pipeline.outcome.verdict import RunScore, as_json, headline, judge
 from offaug.pipeline.report import render_html
-from offaug.pipeline.report.verdict import verdict_html
-from offaug.pipeline.verdict import PLAIN, RunScore, as_json, headline, judge
+from offaug.pipeline.report.verdict_section import verdict_html
 
 PLAIN_SCORES = [40.0, 42.0, 44.0, 41.0, 43.0]
 ARMS = {

@@ -1,0 +1,468 @@
+"""A workflow's stages as a plan: what runs, on which inputs, under which names, before Dask.
+
+:func:`plan_workflow` expands a workflow over its training seeds and recipes
+(:meth:`~offaug.pipeline.schema.workflow.Workflow.arms`) into :class:`StageSpec` records, in the
+order they are dispatched; :mod:`offaug.pipeline.engine.graph` hands them to the scheduler. A test
+reads the plan without running anything.
+
+**Sharing** of equal stages is :class:`~offaug.pipeline.engine.stage_plan.Plan`'s: one BC per (bc
+config, seed), one rollout (tasks and merge) per (rollout config, BC, rollout policy, seed),
+and recipes that differ only in how they train (``train.mixing``) share their rollouts.
+
+**Names.** A stage of the workflow's own ``seed`` and of the default recipe (``augmented``)
+keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``,
+``train:cql-augmented``, ``diagnose:cql-augmented``, ``diagnose``). Another seed appends
+``@sSEED``; another recipe's rollout, merged diagnostics and recipe-specific BC carry
+``[RECIPE]``: ``bc@s1``, ``bc[RECIPE]``, ``rollout[RECIPE]:0@s1``, ``rollout[RECIPE]@s1``,
+``train:cql-RECIPE@s1``, ``diagnose:cql-RECIPE@s1``, ``diagnose[RECIPE]@s1``. A shared stage
+has the name of the first recipe that asked for it.
+
+**Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
+(:func:`offaug.algorithms.fused.train.fusable`; with ``auto``, one for which fusing pays on the
+training device, :func:`~offaug.algorithms.fused.train.fusing_pays`) trains every seed of a (recipe,
+learner) in one stage, ``fused:LEARNER-RECIPE``
+(:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed by one small stage per seed
+under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
+:func:`~offaug.pipeline.stages.learning.member_model`) whose result is that seed's model: every
+later stage, the run index and ``stages.json`` see each seed's model as they see a per-seed
+training's. Forcing a seed's ``train:`` stage reruns the fused stage. Policy weights, state noise
+and ``train.compile`` keep one stage per seed, as do learners that do not train fused.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from offaug.pipeline.contracts import PLAIN, RecipeStages, RunEntry, RunIndex
+from offaug.pipeline.engine.scheduler import Ref, RefList
+from offaug.pipeline.engine.stage_plan import Plan, StageSpec, path_name
+from offaug.pipeline.outcome.summary import weighting_of
+from offaug.pipeline.rundir.run_layout import RunLayout
+from offaug.pipeline.schema.recipes import DEFAULT_RECIPE, Recipe
+from offaug.pipeline.schema.sections import RolloutModel, TrainModel
+from offaug.pipeline.schema.workflow import Workflow
+from offaug.pipeline.stages import learning as stages
+from offaug.pipeline.stages import rollouts as rollout_stages
+
+
+class _Planner:
+    """Builds a :class:`Plan`; one method per kind of stage."""
+
+    def __init__(self, workflow: Workflow, layout: RunLayout, threads: int) -> None:
+        self.workflow = workflow
+        self.layout = layout
+        self.threads = threads
+        self.plan = Plan()
+        self.policy_models: dict[tuple[str, int], str] = {}
+        """(recipe, seed) -> the retrained policy its last rollout round rolled out."""
+        self.plan.index = RunIndex(
+            primary_seed=workflow.seed, seeds=list(workflow.seeds), runs=[], recipes={}
+        )
+
+    def suffix(self, seed: int) -> str:
+        return "" if seed == self.workflow.seed else f"@s{seed}"
+
+    def source(self) -> str:
+        source = self.workflow.source
+        return self.plan.add(StageSpec("source", stages.prepare_source, source, (), (source,)))
+
+    def train(
+        self,
+        train: TrainModel,
+        algorithm: str,
+        recipe: str,
+        seed: int,
+        augmented: str | None,
+        *,
+        plain: bool = True,
+        record: bool = True,
+    ) -> str:
+        """One (recipe, learner, seed) run on the original data (``augmented`` None) or on
+        original + augmented data; recorded in the run index under its recipe unless ``record``
+        is False (a rollout policy of a later round). A recipe without rollouts trains on the
+        original data with its augmentation inside the loss (``plain=False``)."""
+        label = f"{algorithm}-{recipe}{self.suffix(seed)}"
+        evaluation = self.workflow.evaluation
+        config: dict[str, Any] = {
+            "train": train,
+            "evaluation": evaluation,
+            "algorithm": algorithm,
+            "seed": seed,
+        }
+        function: Callable[..., Any] = stages.train_offline
+        if augmented is None and not plain:
+            # Only a recipe of rollout backend 'none' gets here: the train stage's keyword that
+            # turns on its train-level augmentation (state noise) without augmented data.
+            config["plain"] = False
+            function = functools.partial(function, plain=False)
+        inputs = ("source",) if augmented is None else ("source", augmented)
+        name = self.plan.add(
+            StageSpec(
+                f"train:{label}",
+                function,
+                config,
+                inputs,
+                (
+                    algorithm,
+                    Ref("source"),
+                    None if augmented is None else Ref(augmented),
+                    train,
+                    evaluation,
+                    str(self.layout.model(path_name(label))),
+                    seed,
+                    self.threads,
+                ),
+                dict(train.resources) or None,
+            )
+        )
+        if record:
+            self.record_run(algorithm, recipe, seed, name, label)
+        return name
+
+    def record_run(self, algorithm: str, recipe: str, seed: int, stage: str, label: str) -> None:
+        entry = RunEntry(learner=algorithm, recipe=recipe, seed=seed, stage=stage, label=label)
+        if entry not in self.plan.index["runs"]:
+            self.plan.index["runs"].append(entry)
+
+    def fuses(self, train: TrainModel, algorithm: str, *, plain: bool) -> bool:
+        """Whether ``algorithm``'s seeds train as one fused stage (see the module docstring)."""
+        if not train.fuse_seeds or len(self.workflow.seeds) < 2 or train.compile:
+            return False
+        if not plain and (train.weighting == "policy" or train.state_noise is not None):
+            return False  # drawn per batch by the single-seed loop only
+        # Imported here: the learners' modules import torch, and the client that plans a run
+        # imports this module before anything heavy (offaug run takes its lock first).
+        from offaug.algorithms.fused.train import fusable, fusing_pays
+        from offaug.algorithms.runtime import choose_device
+
+        if train.fuse_seeds == "auto":
+            return fusing_pays(algorithm, choose_device(train.device))
+        return fusable(algorithm)
+
+    def fused(
+        self,
+        train: TrainModel,
+        algorithm: str,
+        recipe: str,
+        rollouts: dict[int, str | None],
+        *,
+        plain: bool = True,
+    ) -> dict[int, str]:
+        """Every seed of (``recipe``, ``algorithm``) as one fused training stage, and one stage
+        per seed that selects its model under the per-seed name; return those names by seed."""
+        seeds = list(rollouts)
+        labels = {seed: f"{algorithm}-{recipe}{self.suffix(seed)}" for seed in seeds}
+        augmented = [r for r in rollouts.values() if r is not None]
+        if augmented and len(augmented) != len(seeds):
+            raise ValueError(f"{recipe}: augmented data for some seeds only")
+        evaluation = self.workflow.evaluation
+        config: dict[str, Any] = {
+            "train": train,
+            "evaluation": evaluation,
+            "algorithm": algorithm,
+            "seeds": seeds,
+        }
+        function: Callable[..., Any] = stages.train_offline_fused
+        if not augmented and not plain:
+            # As in train(): state noise on the original data alone (a recipe of backend none).
+            config["plain"] = False
+            function = functools.partial(function, plain=False)
+        outs = [str(self.layout.model(path_name(labels[seed]))) for seed in seeds]
+        fused = self.plan.add(
+            StageSpec(
+                f"fused:{algorithm}-{recipe}",
+                function,
+                config,
+                ("source", *augmented),
+                (
+                    algorithm,
+                    Ref("source"),
+                    RefList(tuple(augmented)) if augmented else None,
+                    train,
+                    evaluation,
+                    outs,
+                    seeds,
+                    self.threads,
+                ),
+                dict(train.resources) or None,
+                aliases=tuple(f"train:{labels[seed]}" for seed in seeds),
+            )
+        )
+        names = {}
+        for index, seed in enumerate(seeds):
+            names[seed] = self.plan.add(
+                StageSpec(
+                    f"train:{labels[seed]}",
+                    stages.member_model,
+                    {"seed": seed, "index": index},
+                    (fused,),
+                    (Ref(fused), index),
+                )
+            )
+            self.record_run(algorithm, recipe, seed, names[seed], labels[seed])
+        return names
+
+    def plain(self, algorithm: str, seed: int) -> str:
+        train = self.workflow.plain_train
+        if self.fuses(train, algorithm, plain=True):
+            nothing: dict[int, str | None] = dict.fromkeys(self.workflow.seeds)
+            return self.fused(train, algorithm, PLAIN, nothing)[seed]
+        return self.train(train, algorithm, PLAIN, seed, None)
+
+    def trainings(self, recipe: Recipe, rollouts: dict[int, str | None]) -> None:
+        """Every learner of ``recipe`` on every seed: one fused stage per learner that fuses its
+        seeds, one stage per seed for the others."""
+        for algorithm in recipe.train.algorithms:
+            if self.fuses(recipe.train, algorithm, plain=False):
+                self.fused(recipe.train, algorithm, recipe.name, rollouts, plain=False)
+                continue
+            for seed, rollout in rollouts.items():
+                self.train(recipe.train, algorithm, recipe.name, seed, rollout, plain=False)
+
+    def bc(self, recipe: Recipe, seed: int) -> str:
+        own = recipe.bc == self.workflow.bc
+        label = ("bc" if own else f"bc[{recipe.name}]") + self.suffix(seed)
+        return self.plan.add(
+            StageSpec(
+                label,
+                stages.train_bc,
+                {"bc": recipe.bc, "seed": seed},
+                ("source",),
+                (Ref("source"), recipe.bc, str(self.layout.model(path_name(label))), seed),
+            )
+        )
+
+    def rollout(self, recipe: Recipe, seed: int, bc: str) -> str:
+        """The rollout tasks and their merge, round after round; return the last merge's name.
+
+        A learner named as the rollout policy rolls out its own plain run of this seed in round
+        1; each later round retrains it on the original data and the previous round's rollouts
+        (with the recipe's train settings) and rolls that out. Earlier rounds carry
+        ``.roundK`` in their tag; the last round has the recipe's own names.
+        """
+        rollout = recipe.rollout
+        policy_name = str(getattr(rollout, "policy", "bc") or "bc")
+        policy = None if policy_name == "bc" else self.plain(policy_name, seed)
+        rounds = getattr(rollout, "rounds", 1)
+        # Every round rolls out with rounds = 1: round 1 is then the same stage as a recipe
+        # without rounds, and shared with it.
+        single = rollout.model_copy(update={"rounds": 1}) if rounds > 1 else rollout
+        merged = ""
+        for round_ in range(1, rounds + 1):
+            if round_ > 1:
+                policy = self.train(
+                    recipe.train,
+                    policy_name,
+                    f"{recipe.name}.round{round_ - 1}",
+                    seed,
+                    merged,
+                    plain=False,
+                    record=False,
+                )
+                self.policy_models[recipe.name, seed] = policy
+            tag = "" if recipe.name == DEFAULT_RECIPE else recipe.name
+            if round_ < rounds:
+                tag = f"{tag}.round{round_}".lstrip(".")
+            merged = self.rollout_round(single, seed, bc, policy, f"[{tag}]" if tag else "")
+        return merged
+
+    def rollout_round(
+        self, rollout: RolloutModel, seed: int, bc: str, policy: str | None, tag: str
+    ) -> str:
+        """One round's rollout tasks and their merge (``policy`` None: the BC clone)."""
+        sfx = self.suffix(seed)
+        shards = "augmented" + ("" if not tag and not sfx else path_name(f"{tag}{sfx}"))
+        out = str(self.layout.augmented.with_name(shards))
+        extra = () if policy is None else (Ref(policy),)
+        needs = ("source", bc) + (() if policy is None else (policy,))
+        dynamics = None
+        if rollout.backend == "model":
+            dynamics = self.plan.add(
+                StageSpec(
+                    f"dynamics{tag}{sfx}",
+                    rollout_stages.train_dynamics_stage,
+                    {"dynamics": rollout.dynamics, "seed": seed},
+                    ("source",),
+                    (
+                        Ref("source"),
+                        rollout,
+                        str(self.layout.models / path_name(f"dynamics{tag}{sfx}.pt")),
+                        seed,
+                    ),
+                )
+            )
+        calibrated: tuple[Any, ...] = ()
+        if rollout.noise_calibration is not None:
+            # One probe for all tasks, so every shard rolls out with the same noise.
+            calibrate = self.plan.add(
+                StageSpec(
+                    f"calibrate{tag}{sfx}",
+                    rollout_stages.calibrate_noise_stage,
+                    {"rollout": rollout, "seed": seed},
+                    needs,
+                    (Ref("source"), Ref(bc), rollout, out, seed, *extra),
+                )
+            )
+            needs = (*needs, calibrate)
+            calibrated = (Ref(calibrate),)
+        tasks = []
+        for index in range(rollout.tasks):
+            config = {"rollout": rollout, "index": index, "seed": seed}
+            name = f"rollout{tag}:{index}{sfx}"
+            if dynamics is None:
+                policy_arg = extra or ((None,) if calibrated else ())
+                spec = StageSpec(
+                    name,
+                    rollout_stages.rollout_shard,
+                    config,
+                    needs,
+                    (Ref("source"), Ref(bc), rollout, out, seed, index, *policy_arg, *calibrated),
+                )
+            else:
+                shard = str(self.layout.augmented.with_name(shards) / f"shard-{index:05d}.arrow")
+                spec = StageSpec(
+                    name,
+                    rollout_stages.model_rollout_task,
+                    config,
+                    (*needs, dynamics),
+                    (Ref("source"), Ref(bc), Ref(dynamics), rollout, shard, index, seed, *extra),
+                )
+            tasks.append(self.plan.add(spec))
+        return self.plan.add(
+            StageSpec(
+                f"rollout{tag}{sfx}",
+                rollout_stages.merge_rollouts,
+                {"rollout": rollout, "seed": seed},
+                (*tasks, *(r.name for r in calibrated)),
+                (RefList(tuple(tasks)), out, rollout, *calibrated),
+            )
+        )
+
+    def diagnose(self, recipe: Recipe, seed: int, bc: str, rollout: str | None) -> str:
+        """Each policy's checks (the plain runs' and the recipe's), then their merge."""
+        workflow = self.workflow
+        config = workflow.diagnostics
+        sfx = self.suffix(seed)
+        runs = [r for r in self.plan.index["runs"] if r["seed"] == seed]
+        models = [r["stage"] for r in runs if r["recipe"] == PLAIN]
+        models += [r["stage"] for r in runs if r["recipe"] == recipe.name]
+        tag = "" if recipe.bc == workflow.bc else f"[{recipe.name}]"
+        parts = [
+            self.plan.add(
+                StageSpec(
+                    f"diagnose{tag}:{model.removeprefix('train:')}",
+                    stages.diagnose_policy_stage,
+                    {"diagnostics": config, "index": index, "seed": seed},
+                    ("source", bc, model),
+                    (Ref("source"), Ref(bc), Ref(model), config, seed, index),
+                )
+            )
+            for index, model in enumerate(models)
+        ]
+        name = "diagnose" + ("" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]") + sfx
+        out = self.layout.root / "diagnostics.json"
+        if name != "diagnose":
+            out = self.layout.root / "diagnostics" / f"{path_name(name)}.json"
+        return self.plan.add(
+            StageSpec(
+                name,
+                stages.diagnose_stage,
+                {"diagnostics": config, "seed": seed},
+                ("source", *(() if rollout is None else (rollout,)), bc, *models, *parts),
+                (
+                    Ref("source"),
+                    None if rollout is None else Ref(rollout),
+                    Ref(bc),
+                    RefList(tuple(models)),
+                    config,
+                    str(out),
+                    seed,
+                    RefList(tuple(parts)),
+                ),
+            )
+        )
+
+
+def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
+    """Every stage of ``workflow`` but the report, in dispatch order (see the module docstring)."""
+    planner = _Planner(workflow, layout, threads)
+    planner.source()
+    arms = workflow.arms()
+    seeds = list(workflow.seeds)
+    diagnosed = seeds if workflow.diagnostics.seeds == "all" else seeds[:1]
+    rollouts: dict[str, dict[int, str | None]] = {name: {} for name in arms}
+    bcs: dict[tuple[str, int], str] = {}
+    for seed in seeds:
+        # Baselines on the original data need neither BC nor rollouts: they start at once.
+        if workflow.train.baseline:
+            for algorithm in workflow.train.algorithms:
+                planner.plain(algorithm, seed)
+        for recipe in arms.values():
+            needs_bc = recipe.has_rollouts or (workflow.diagnostics.enabled and seed in diagnosed)
+            if needs_bc:
+                bcs[recipe.name, seed] = planner.bc(recipe, seed)
+            rollouts[recipe.name][seed] = (
+                planner.rollout(recipe, seed, bcs[recipe.name, seed])
+                if recipe.has_rollouts
+                else None
+            )
+    for recipe in arms.values():
+        planner.trainings(recipe, rollouts[recipe.name])
+    diagnoses: dict[tuple[str, int], str] = {}
+    if workflow.diagnostics.enabled:
+        for seed in diagnosed:
+            for recipe in arms.values():
+                diagnoses[recipe.name, seed] = planner.diagnose(
+                    recipe, seed, bcs[recipe.name, seed], rollouts[recipe.name][seed]
+                )
+    for recipe in arms.values():
+        stages_of = planner.plan.index["recipes"][recipe.name] = RecipeStages(
+            weighting=weighting_of(recipe.train),
+            policy=str(getattr(recipe.rollout, "policy", "bc") or "bc"),
+            bc={str(s): bcs[recipe.name, s] for s in seeds if (recipe.name, s) in bcs},
+            rollout={str(s): r for s, r in rollouts[recipe.name].items() if r is not None},
+            diagnose={
+                str(s): diagnoses[recipe.name, s]
+                for s in diagnosed
+                if (recipe.name, s) in diagnoses
+            },
+        )
+        retrained = {
+            str(s): planner.policy_models[recipe.name, s]
+            for s in seeds
+            if (recipe.name, s) in planner.policy_models
+        }
+        if retrained:
+            stages_of["policy_models"] = retrained
+    _publish(planner, arms, rollouts, seeds)
+    return planner.plan
+
+
+def _publish(
+    planner: _Planner,
+    arms: dict[str, Recipe],
+    rollouts: dict[str, dict[int, str | None]],
+    seeds: Sequence[int],
+) -> None:
+    """Publish the first recipe's augmented data of the first seed (the original alone if none)."""
+    workflow = planner.workflow
+    if workflow.publish is None:
+        return
+    rollout = next((rollouts[name][seeds[0]] for name in arms if rollouts[name][seeds[0]]), None)
+    provenance = {"workflow": workflow.name, "workflow_hash": workflow.digest()}
+    planner.plan.add(
+        StageSpec(
+            "publish",
+            stages.publish_stage,
+            workflow.publish,
+            ("source", *(() if rollout is None else (rollout,))),
+            (
+                Ref("source"),
+                None if rollout is None else Ref(rollout),
+                workflow.publish,
+                provenance,
+            ),
+        )
+    )

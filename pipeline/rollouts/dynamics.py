@@ -1,0 +1,428 @@
+"""A learned-dynamics ensemble for datasets whose simulator is not at hand (MOPO-style).
+
+Yu et al. 2020, "MOPO: Model-based Offline Policy Optimization". An ensemble of probabilistic
+networks predicts a Gaussian over (next-state difference, reward) and a termination logit from
+(state, action); members are trained together (one batched ensemble op) on independent
+bootstrap draws of the data. Rollouts of horizon H start from dataset states: at each step the
+BC policy plus noise picks actions (with the same log-probabilities as simulator rollouts), a
+random member predicts the step, and the reward is penalised by the ensemble's uncertainty,
+``r - lambda * max_k ||sigma_k(s, a)||`` (MOPO's max-aleatoric penalty).
+
+States are kept within the dataset's bounds: a step whose predicted next state leaves them
+(beyond a margin) or is NaN is dropped, and its rollout ends at the step before, as truncated.
+The dropped step is the model extrapolating where it has no data; clipping its next state onto
+the bounds and bootstrapping from there would give the learner a state the model never
+predicted. The weight columns are those of simulator rollouts
+(:func:`offaug.pipeline.rollouts.behaviour.weight_columns`); a centred policy (a trained learner)
+moves the noise's centre as it does there, and ``filter: data`` drops rollouts whose predicted
+(unpenalised) return falls below the data's from the same start
+(:class:`offaug.pipeline.rollouts.data.EpisodeFilter`), before the weights are computed.
+:meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.nn import functional as F
+
+from offaug.algorithms.base import Spaces, adam, config_from_json, load_checkpoint, save_checkpoint
+from offaug.algorithms.batch import to_tensor
+from offaug.algorithms.nn.networks import EnsembleMLP
+from offaug.datasets.transitions import Source, Transitions
+from offaug.pipeline.rollouts.behaviour import (
+    RolloutPolicy,
+    noise_centre,
+    policy_step,
+    weight_columns,
+)
+from offaug.pipeline.rollouts.data import EpisodeFilter
+from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicsConfig:
+    """Hyperparameters of the dynamics ensemble and its rollouts."""
+
+    members: int = 7
+    """Ensemble size (MOPO: 7)."""
+    hidden: tuple[int, ...] = (200, 200, 200)
+    """Hidden widths of each member."""
+    learning_rate: float = 1e-3
+    """Adam learning rate."""
+    batch_size: int = 256
+    """Transitions per member per step."""
+    steps: int = 5000
+    """Gradient steps."""
+    holdout_fraction: float = 0.1
+    """Share of transitions kept out of training for the validation loss."""
+    horizon: int = 5
+    """Model rollout length H."""
+    penalty: float = 1.0
+    """lambda in r - lambda * uncertainty."""
+    bounds_margin: float = 0.1
+    """States may exceed the dataset's range by this share of it before a rollout stops."""
+    seed: int = 0
+    """Seed of initialisation, bootstrap draws and rollouts."""
+
+
+def gaussian_nll(mean: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample Gaussian negative log-likelihood summed over dimensions: ``(..., d) -> (...)``."""
+    return 0.5 * (((target - mean) ** 2) * torch.exp(-log_var) + log_var).sum(-1)
+
+
+class DynamicsEnsemble:
+    """The ensemble, its input/output normalisation and its training."""
+
+    def __init__(
+        self,
+        observation_dim: int,
+        action_dim: int,
+        config: DynamicsConfig,
+        statistics: Mapping[str, npt.NDArray[Any]],
+    ) -> None:
+        self.config = config
+        self.observation_dim = observation_dim
+        self.action_dim = action_dim
+        torch.manual_seed(config.seed)
+        # Outputs: mean and log-variance of (delta state, reward), then a termination logit.
+        self.target_dim = observation_dim + 1
+        self.net = EnsembleMLP(
+            config.members, observation_dim + action_dim, config.hidden, 2 * self.target_dim + 1
+        )
+        self.max_log_var = torch.nn.Parameter(torch.full((self.target_dim,), 0.5))
+        self.min_log_var = torch.nn.Parameter(torch.full((self.target_dim,), -10.0))
+        self.optimizer = adam(
+            [*self.net.parameters(), self.max_log_var, self.min_log_var], config.learning_rate
+        )
+        self.stats = {
+            k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in statistics.items()
+        }
+
+    def _predict(
+        self, observations: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        inputs = (torch.cat([observations, actions], -1) - self.stats["input_mean"]) / self.stats[
+            "input_std"
+        ]
+        out = self.net(inputs)  # (E, B, 2 * target + 1)
+        mean, raw_log_var, terminal_logit = out.split([self.target_dim, self.target_dim, 1], dim=-1)
+        # Soft bounds on the log-variance, as in PETS/MBPO.
+        log_var = self.max_log_var - F.softplus(self.max_log_var - raw_log_var)
+        log_var = self.min_log_var + F.softplus(log_var - self.min_log_var)
+        return mean, log_var, terminal_logit.squeeze(-1)
+
+    def fit(self, data: Transitions) -> dict[str, float]:
+        """Train on ``data``; returns the final training and hold-out losses."""
+        rng = np.random.default_rng(self.config.seed)
+        n = len(data)
+        order = rng.permutation(n)
+        holdout = order[: int(n * self.config.holdout_fraction)]
+        train_rows = order[int(n * self.config.holdout_fraction) :]
+        tensors = _training_tensors(data)
+        targets = self._targets(tensors)
+        members, batch = self.config.members, self.config.batch_size
+        loss = torch.zeros(())
+        for _ in range(self.config.steps):
+            # Each member draws its own bootstrap batch: (E, B) row indices.
+            rows = torch.as_tensor(
+                train_rows[rng.integers(0, len(train_rows), size=(members, batch))]
+            )
+            loss = self._loss(tensors, targets, rows)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        with torch.no_grad():
+            rows = torch.as_tensor(np.broadcast_to(holdout, (members, len(holdout))).copy())
+            holdout_loss = self._loss(tensors, targets, rows) if len(holdout) else torch.zeros(())
+        return {"train_loss": float(loss.detach()), "holdout_loss": float(holdout_loss)}
+
+    def _targets(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        delta = tensors["next_observations"] - tensors["observations"]
+        target = torch.cat([delta, tensors["rewards"][:, None]], -1)
+        return (target - self.stats["target_mean"]) / self.stats["target_std"]
+
+    def _loss(
+        self, tensors: Mapping[str, torch.Tensor], targets: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        observations = tensors["observations"][rows]  # (E, B, obs)
+        actions = tensors["actions"][rows]
+        mean, log_var, terminal_logit = self._predict(observations, actions)
+        nll = gaussian_nll(mean, log_var, targets[rows])
+        terminal = F.binary_cross_entropy_with_logits(
+            terminal_logit, tensors["terminals"][rows], reduction="none"
+        )
+        bounds = 0.01 * (self.max_log_var.sum() - self.min_log_var.sum())
+        # Over every member's bootstrap rows, (E, B): the members' losses summed, scaled by 1/E.
+        return (nll + terminal).mean() + bounds
+
+    @torch.no_grad()
+    def step(
+        self,
+        observations: torch.Tensor,
+        actions: torch.Tensor,
+        member: torch.Tensor,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One model step for a batch: next states, rewards, terminal flags, uncertainty."""
+        mean, log_var, terminal_logit = self._predict(observations, actions)  # (E, B, .)
+        std = torch.exp(0.5 * log_var)
+        target_std = self.stats["target_std"]
+        batch = torch.arange(observations.shape[0])
+        noise = torch.randn(mean.shape[1:], generator=generator)
+        sample = mean[member, batch] + std[member, batch] * noise  # (B, target)
+        prediction = sample * target_std + self.stats["target_mean"]
+        next_observations = observations + prediction[:, : self.observation_dim]
+        rewards = prediction[:, -1]
+        # MOPO's penalty: the largest predicted std (in original units) over members.
+        uncertainty = torch.linalg.vector_norm(std * target_std, dim=-1).amax(0)
+        # Sampled, not thresholded: terminations are rare, and a 0.5 threshold would hide them.
+        probability = torch.sigmoid(terminal_logit[member, batch])
+        terminals = torch.rand(probability.shape, generator=generator) < probability
+        return next_observations, rewards, terminals, uncertainty
+
+    @torch.no_grad()
+    def disagreement(
+        self, observations: npt.ArrayLike, actions: npt.ArrayLike, chunk: int = 4096
+    ) -> npt.NDArray[np.float64]:
+        """(N,) the members' spread at (s, a): the norm of the std over members of their
+        predicted means (normalised units), the ensemble's epistemic uncertainty."""
+        obs = np.asarray(observations, dtype=np.float32)
+        act = np.asarray(actions, dtype=np.float32).reshape(len(obs), -1)
+        spread = []
+        for start in range(0, len(obs), chunk):
+            # Copies: the data may be a read-only memory map, which torch must not wrap.
+            mean, _, _ = self._predict(
+                torch.tensor(obs[start : start + chunk]), torch.tensor(act[start : start + chunk])
+            )  # (E, B, target)
+            spread.append(torch.linalg.vector_norm(mean.std(0), dim=-1).double().numpy())
+        return np.concatenate(spread) if spread else np.zeros(0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights and normalisation statistics."""
+        return {
+            "net": self.net.state_dict(),
+            "max_log_var": self.max_log_var.detach(),
+            "min_log_var": self.min_log_var.detach(),
+            "stats": self.stats,
+            "dims": torch.tensor([self.observation_dim, self.action_dim]),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.net.load_state_dict(state["net"])
+        with torch.no_grad():
+            self.max_log_var.copy_(state["max_log_var"])
+            self.min_log_var.copy_(state["min_log_var"])
+        self.stats = dict(state["stats"])
+
+
+def _training_tensors(data: Transitions) -> dict[str, torch.Tensor]:
+    return {
+        # Copies: the data may be a read-only memory map, which torch must not wrap.
+        "observations": torch.tensor(np.asarray(data.observations, dtype=np.float32)),
+        "actions": torch.tensor(np.asarray(data.actions, dtype=np.float32)),
+        "next_observations": torch.tensor(np.asarray(data.next_observations, dtype=np.float32)),
+        "rewards": torch.tensor(np.asarray(data.rewards, dtype=np.float32)),
+        "terminals": torch.tensor(np.asarray(data.terminals, dtype=np.float32)),
+    }
+
+
+def dataset_statistics(data: Transitions) -> dict[str, npt.NDArray[np.float32]]:
+    """Normalisation statistics and state bounds of a dataset."""
+    inputs = np.concatenate([data.observations, data.actions], 1).astype(np.float64)
+    targets = np.concatenate(
+        [data.next_observations - data.observations, data.rewards[:, None]], 1
+    ).astype(np.float64)
+    observations = np.asarray(data.observations, dtype=np.float64)
+    return {
+        "input_mean": inputs.mean(0).astype(np.float32),
+        "input_std": (inputs.std(0) + 1e-6).astype(np.float32),
+        "target_mean": targets.mean(0).astype(np.float32),
+        "target_std": (targets.std(0) + 1e-6).astype(np.float32),
+        "observation_low": observations.min(0).astype(np.float32),
+        "observation_high": observations.max(0).astype(np.float32),
+    }
+
+
+def train_dynamics(
+    data: Transitions, config: DynamicsConfig | None = None
+) -> tuple[DynamicsEnsemble, dict[str, float]]:
+    """Fit a dynamics ensemble to a dataset with continuous actions."""
+    config = config or DynamicsConfig()
+    if data.is_discrete_action:
+        raise ValueError("the dynamics ensemble needs continuous actions")
+    model = DynamicsEnsemble(
+        data.observations.shape[1], data.actions.shape[1], config, dataset_statistics(data)
+    )
+    return model, model.fit(data)
+
+
+def save_dynamics(model: DynamicsEnsemble, path: str | Path) -> Path:
+    """Write the ensemble as a checkpoint that loads without pickle."""
+    spaces = Spaces(model.observation_dim, model.action_dim)
+    return save_checkpoint(
+        path, algorithm="dynamics", config=model.config, spaces=spaces, state=model.state_dict()
+    )
+
+
+def load_dynamics(path: str | Path) -> DynamicsEnsemble:
+    """Load :func:`save_dynamics`'s checkpoint."""
+    checkpoint = load_checkpoint(path)
+    if checkpoint.algorithm != "dynamics":
+        raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint, not a dynamics model")
+    config = config_from_json(DynamicsConfig, checkpoint.config)
+    stats = {k: v.numpy() for k, v in checkpoint.state["stats"].items()}
+    model = DynamicsEnsemble(
+        checkpoint.spaces.observation_dim, checkpoint.spaces.action_dim, config, stats
+    )
+    model.load_state_dict(checkpoint.state)
+    return model
+
+
+def model_rollout(
+    model: DynamicsEnsemble,
+    policy: RolloutPolicy,
+    start_observations: npt.NDArray[np.float32],
+    *,
+    noise: NoiseSpec = DEFAULT_NOISE,
+    max_weight: float = 100.0,
+    meta: Mapping[str, Any] | None = None,
+    horizon: int | None = None,
+    start_rows: npt.NDArray[np.int64] | None = None,
+    episode_filter: EpisodeFilter | None = None,
+) -> Transitions:
+    """Roll ``policy`` out in the model from every start observation for ``horizon`` steps.
+
+    Args:
+        horizon: Steps per rollout (None: the model config's ``horizon``).
+        start_rows: The dataset rows the start observations are (for ``episode_filter``).
+        episode_filter: Drop rollouts that earn less than the data from the same row; the
+            number dropped is ``meta["episodes_dropped"]``.
+    """
+    config = model.config
+    rng = np.random.default_rng(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    n = len(start_observations)
+    horizon = horizon or config.horizon
+    if episode_filter is not None and start_rows is None:
+        raise ValueError("the episode filter needs the start observations' dataset rows")
+    low = (model.stats["observation_low"] - config.bounds_margin * _range(model)).numpy()
+    high = (model.stats["observation_high"] + config.bounds_margin * _range(model)).numpy()
+    noise_process = ContinuousNoise(noise, n, model.action_dim, rng)
+    obs = to_tensor(start_observations, torch.device("cpu"))  # a copy: may be a read-only map
+    alive = np.ones(n, dtype=bool)
+    steps: list[dict[str, npt.NDArray[Any]]] = []
+    for t in range(horizon):
+        observations = obs.numpy().copy()
+        mean, log_std = policy(observations)
+        if log_std is None:
+            raise ValueError("model rollouts need a continuous Gaussian policy")
+        centre = noise_centre(policy, observations, mean)
+        chosen = policy_step(policy, noise_process, mean, log_std, centre=centre)
+        env_actions = np.asarray(chosen.env_actions, dtype=np.float32)
+        member = torch.as_tensor(rng.integers(0, config.members, size=n))
+        next_obs, rewards, terminals, uncertainty = model.step(
+            obs, torch.as_tensor(env_actions), member, generator
+        )
+        next_np = next_obs.numpy()
+        raw_reward = rewards.numpy()
+        finite = np.isfinite(next_np).all(1) & np.isfinite(raw_reward)
+        inside = ((next_np >= low) & (next_np <= high)).all(1)
+        keep = alive & finite & inside
+        steps.append(
+            {
+                "alive": keep,
+                "observations": observations,
+                "actions": env_actions,
+                "rewards": (raw_reward - config.penalty * uncertainty.numpy()).astype(np.float32),
+                "raw_reward": raw_reward.astype(np.float32),
+                "uncertainty": uncertainty.numpy().astype(np.float32),
+                "next_observations": next_np.astype(np.float32),
+                "terminals": terminals.numpy(),
+                "timeouts": np.full(n, t == horizon - 1),
+                "rollout_log_prob": chosen.rollout_log_prob,
+                "behaviour_log_prob": chosen.behaviour_log_prob,
+            }
+        )
+        alive = keep & ~terminals.numpy()
+        # Rollouts that ended keep stepping (batched) from a finite stand-in; none of it is kept.
+        obs = torch.as_tensor(np.where(keep[:, None], next_np, observations).astype(np.float32))
+        if not alive.any():
+            break
+    keep = None
+    if episode_filter is not None:
+        assert start_rows is not None
+        alive_steps = np.stack([step["alive"] for step in steps], 1)  # (n, T)
+        raw_rewards = np.stack([step["raw_reward"] for step in steps], 1).astype(np.float64)
+        returns = (raw_rewards * alive_steps).sum(1)
+        keep = episode_filter.keep(returns, alive_steps.sum(1), start_rows)
+    return _assemble(steps, n, max_weight, meta, keep)
+
+
+def _range(model: DynamicsEnsemble) -> torch.Tensor:
+    return model.stats["observation_high"] - model.stats["observation_low"]
+
+
+def _assemble(
+    steps: list[dict[str, npt.NDArray[Any]]],
+    n: int,
+    max_weight: float,
+    meta: Mapping[str, Any] | None,
+    keep: npt.NDArray[np.bool_] | None = None,
+) -> Transitions:
+    # Reorder step-major records into episode-major rows (one model rollout = one episode).
+    alive = np.stack([s["alive"] for s in steps], 1)  # (n, T)
+    dropped = 0
+    if keep is not None:
+        dropped = int((~keep & alive.any(1)).sum())
+        alive = alive & keep[:, None]
+    # A rollout whose next step is dropped (NaN, out of bounds) ends at its last kept step, as
+    # truncated.
+    for t in range(alive.shape[1] - 1):
+        ended = alive[:, t] & ~alive[:, t + 1]
+        steps[t]["timeouts"] = steps[t]["timeouts"] | ended
+    rows_episode, rows_time = np.nonzero(alive)
+
+    def gather(key: str) -> npt.NDArray[Any]:
+        stacked = np.stack([s[key] for s in steps], 1)  # (n, T, ...)
+        return stacked[rows_episode, rows_time]
+
+    lengths = alive.sum(1)
+    lengths = lengths[lengths > 0]
+    weights = weight_columns(
+        gather("behaviour_log_prob"), gather("rollout_log_prob"), lengths, max_weight
+    )
+    timeouts = gather("timeouts").astype(bool)
+    terminals = gather("terminals").astype(bool)
+    return Transitions(
+        observations=gather("observations").astype(np.float32),
+        actions=gather("actions").astype(np.float32),
+        rewards=gather("rewards").astype(np.float32),
+        next_observations=gather("next_observations").astype(np.float32),
+        terminals=terminals,
+        timeouts=timeouts & ~terminals,
+        episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
+        rollout_log_prob=gather("rollout_log_prob").astype(np.float32),
+        behaviour_log_prob=gather("behaviour_log_prob").astype(np.float32),
+        importance_weight=weights.importance_weight,
+        source=np.full(int(lengths.sum()), Source.MODEL, dtype=np.int8),
+        extras={
+            "raw_reward": gather("raw_reward"),
+            "model_uncertainty": gather("uncertainty"),
+            **weights.extras,
+        },
+        meta={
+            **dict(meta or {}),
+            "format": "offaug-model-rollout",
+            "weight_stats": weights.stats,
+            "rollouts": n,
+            "episodes_dropped": dropped,
+        },
+    )

@@ -1,0 +1,450 @@
+"""The sections of a workflow that make the data and train on it (source, bc, rollout, train):
+one pydantic model each, every field documented.
+
+A workflow is data only: every choice is a ``Literal`` (no field can name a Python callable) and
+unknown keys are errors. :mod:`offaug.pipeline.schema.workflow` assembles them into a ``Workflow``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
+
+Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
+
+Weighting = Literal["none", "behaviour", "policy"]
+"""The choices of ``offaug.algorithms.training.weighting.Weighting`` (named again here: that module
+imports torch, which this schema must not)."""
+
+
+def _noise_spec(value: Any) -> NoiseSpec:
+    if isinstance(value, NoiseSpec):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"noise is a string such as 'gaussian:0.1', not {value!r}")
+    try:
+        return parse_noise(value)
+    except NoiseSpecError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+Noise = Annotated[
+    NoiseSpec,
+    PlainValidator(_noise_spec),
+    PlainSerializer(lambda spec: spec.text, return_type=str),
+    WithJsonSchema({"type": "string"}),
+]
+"""A noise specification: parsed once at validation, written back as the text it came from."""
+
+
+class StrictSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MakeSource(StrictSection):
+    """How to make the source dataset when it is missing (offaug make-dataset)."""
+
+    env: str = Field(description="Gymnasium env id, e.g. Hopper-v5.")
+    policy: Literal["random", "sac"] = Field(
+        "random",
+        description="The generating policy: uniform random, or SAC trained online (D4RL levels).",
+    )
+    level: Literal["random", "medium", "expert", "medium-replay"] = Field(
+        "medium", description="With policy sac: which D4RL level to collect."
+    )
+    train_steps: int = Field(
+        8000, gt=0, description="With policy sac: SAC's environment steps (its final policy)."
+    )
+    steps: int = Field(gt=0, description="Steps to collect (whole episodes).")
+    format: Literal["hdf5", "arrow"] = Field("hdf5", description="Minari storage format.")
+    seed: int = Field(0, description="Seed of resets and actions.")
+    max_episode_steps: int | None = Field(None, gt=0, description="Override the time limit.")
+
+
+class SourceConfig(StrictSection):
+    """The dataset to augment."""
+
+    dataset: str = Field(
+        description="Minari id (under MINARI_DATASETS_PATH), Minari directory or D4RL .hdf5 file."
+    )
+    make: MakeSource | None = Field(None, description="Make the dataset first when it is missing.")
+    download: bool = Field(
+        False, description="Download a missing Minari dataset (needs a network)."
+    )
+
+
+class BCConfigModel(StrictSection):
+    """Behaviour cloning: the rollout policy's warm start and the behaviour model."""
+
+    steps: int = Field(
+        20_000,
+        gt=0,
+        description="Gradient steps: the clone is the rollout policy, so train it to convergence.",
+    )
+    hidden: tuple[int, ...] = Field((64, 64), description="Hidden layer widths.")
+    learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    batch_size: int = Field(256, gt=0, description="Transitions per step.")
+    compile: bool = Field(
+        False,
+        description=(
+            "torch.compile the Gaussian BC loss: more steps per second once compiled, after a"
+            " few seconds of compiling, so it pays for long runs (figures in"
+            " docs/performance.md)."
+        ),
+    )
+    evaluation_episodes: int = Field(
+        10,
+        ge=0,
+        description=(
+            "Greedy episodes to evaluate the clone in the dataset's env after training (its"
+            " return and normalised score go into the BC stage's metrics; 0: no evaluation)."
+        ),
+    )
+
+
+class DynamicsModel(StrictSection):
+    """The learned-dynamics ensemble (rollout backend 'model')."""
+
+    members: int = Field(7, gt=0, description="Ensemble size.")
+    hidden: tuple[int, ...] = Field((200, 200, 200), description="Hidden widths.")
+    steps: int = Field(5000, gt=0, description="Training steps.")
+    horizon: int = Field(5, gt=0, description="Model rollout length H.")
+    penalty: float = Field(1.0, ge=0, description="MOPO's lambda.")
+    starts: int = Field(1000, gt=0, description="Dataset states to branch from per task.")
+
+
+class NoiseCalibrationModel(StrictSection):
+    """Rollout noise chosen against the episode filter before rolling out."""
+
+    scales: tuple[float, ...] = Field(
+        min_length=1,
+        description=(
+            "Gaussian sigmas to try, largest first, in place of rollout.noise: the largest whose"
+            " probe episodes the filter keeps often enough is used (the smallest when none is)."
+        ),
+    )
+    episodes: int = Field(16, gt=0, description="Probe episodes per sigma.")
+    keep: float = Field(
+        0.5, gt=0, le=1, description="Share of the probe episodes the filter must keep."
+    )
+
+    @field_validator("scales")
+    @classmethod
+    def _positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if min(value) <= 0:
+            raise ValueError(f"noise_calibration.scales must all be positive, not {list(value)}")
+        return tuple(sorted(value, reverse=True))
+
+
+class RolloutModel(StrictSection):
+    """Noisy rollouts of the BC policy, or of a trained learner's policy."""
+
+    backend: Literal["simulator", "model", "none"] = Field(
+        "simulator",
+        description=(
+            "The dataset's simulator, a learned dynamics ensemble, or none (a recipe without"
+            " rollouts)."
+        ),
+    )
+    policy: Algorithm = Field(
+        "bc",
+        description=(
+            "What the noise is centred on: 'bc' (the BC stage's clone) or a learner name (its"
+            " policy trained on the original data with the same seed, e.g. bcq). log mu is the"
+            " noise's density around that action; log beta_hat is always the BC density."
+        ),
+    )
+    rounds: int = Field(
+        1,
+        ge=1,
+        description=(
+            "With a learner as the policy: rounds of train -> roll out -> retrain. Round 1 rolls"
+            " out the learner's plain run; each later round retrains the learner on the original"
+            " data plus the previous round's rollouts (this recipe's train settings) and rolls"
+            " that out. The last round's rollouts are the recipe's augmented data."
+        ),
+    )
+    noise: Noise = Field(
+        DEFAULT_NOISE,
+        description="gaussian:SIGMA, ou:SIGMA[:THETA], uniform, +epsilon:EPS, mixtures W*C+W*C.",
+    )
+    episodes: int = Field(100, gt=0, description="Episodes in total (simulator backend).")
+    tasks: int = Field(4, gt=0, description="Units of parallel work; one shard each.")
+    n_envs: int = Field(16, gt=0, description="Environments stepped together per task.")
+    start: Literal["reset", "dataset"] = Field(
+        "reset",
+        description=(
+            "Start from env resets or branch from dataset states (MuJoCo qpos/qvel or a"
+            " classic-control env's state, as the dataset records them)."
+        ),
+    )
+    horizon: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "End every episode as truncated after H steps (short branched rollouts, as in"
+            " MBPO/MOPO); null: at the time limit. The model backend uses it in place of"
+            " dynamics.horizon when set."
+        ),
+    )
+    starts: Literal["uniform", "sparse", "disagreement"] = Field(
+        "uniform",
+        description=(
+            "Which dataset states branches start from: uniformly, 'sparse' (in proportion to"
+            " each state's k-NN distance to the rest of the data, standardised), or"
+            " 'disagreement' (model backend: in proportion to the ensemble's spread at the"
+            " dataset action)."
+        ),
+    )
+    filter: Literal["none", "data"] = Field(
+        "none",
+        description=(
+            "'data': drop augmented episodes that earn less than the data (a branch: the"
+            " data's own continuation from its start over as many steps, or the data's mean"
+            " reward per step times its length; a reset: the data's mean reward per step, or its"
+            " mean episode return when the episode ended by termination)."
+        ),
+    )
+    filter_margin: float = Field(
+        0.0,
+        description=(
+            "Reward per step an episode may fall short of the data by and still be kept"
+            " (negative: it must beat the data by that much)."
+        ),
+    )
+    filter_tolerance: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Fraction of the data's expected return (its magnitude) an episode may fall short"
+            " by and still be kept; unlike filter_margin it does not grow with the episode's"
+            " length."
+        ),
+    )
+    noise_calibration: NoiseCalibrationModel | None = Field(
+        None,
+        description=(
+            "Choose the Gaussian noise by probe episodes through the filter (needs filter"
+            " 'data' and the simulator backend), e.g. {scales: [0.1, 0.03, 0.01, 0.003]}: a"
+            " policy whose noisy episodes all fall below the data adds nothing after the filter."
+        ),
+    )
+    max_weight: float = Field(100.0, gt=0, description="Importance weights are clipped here.")
+    max_episode_steps: int | None = Field(None, gt=0, description="Override the time limit.")
+    env: str | None = Field(None, description="Roll out in this env id instead of the dataset's.")
+    dynamics: DynamicsModel = Field(
+        default_factory=DynamicsModel, description="Model backend settings."
+    )
+
+    @model_validator(mode="after")
+    def _tasks_fit(self) -> RolloutModel:
+        if self.backend == "simulator" and self.tasks > self.episodes:
+            raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
+        if self.noise_calibration is not None and (
+            self.filter != "data" or self.backend != "simulator"
+        ):
+            raise ValueError(
+                "noise_calibration needs filter 'data' and backend 'simulator': it keeps the"
+                " largest noise whose episodes the filter keeps"
+            )
+        if self.starts == "disagreement" and self.backend != "model":
+            raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
+        if self.rounds > 1 and self.policy == "bc":
+            raise ValueError(
+                f"rounds {self.rounds} needs a learner as the policy (policy: td3bc, say): the"
+                " BC clone is not retrained on augmented data"
+            )
+        return self
+
+
+class StateNoiseModel(StrictSection):
+    """S4RL state noise inside the loss (offaug.algorithms.training.state_noise)."""
+
+    kind: Literal["gaussian", "uniform"] = Field(
+        description="N(0, 1) or U(-1, 1) noise, times scale and each dimension's std."
+    )
+    scale: float = Field(
+        gt=0, description="Noise size in units of each observation dimension's std."
+    )
+
+
+class TrainModel(StrictSection):
+    """The offline learners trained on original and original + augmented data."""
+
+    algorithms: tuple[Algorithm, ...] = Field(("cql", "bcq"), description="Learners to train.")
+    steps: int = Field(10_000, gt=0, description="Gradient steps per run.")
+    mixing: tuple[float, float] = Field(
+        (0.5, 0.5), description="Share of original and augmented rows per batch."
+    )
+    mixing_follows_rows: bool = Field(
+        False,
+        description=(
+            "Cap the augmented share of a batch at the augmented rows' share of all rows"
+            " (original + augmented), the rest going to the original data: when the rollout"
+            " filter keeps a few episodes they fill proportionally little of each batch instead"
+            " of being repeated to fill the stated share."
+        ),
+    )
+    baseline: bool = Field(True, description="Also train on the original data alone.")
+    configs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Config overrides per learner: fields of its config class, checked here.",
+    )
+    # After algorithms and configs: its check reads them.
+    weighting: Weighting = Field(
+        "behaviour",
+        description=(
+            "How augmented rows are weighted in the losses: none; behaviour (their"
+            " importance_weight beta_hat/mu); policy (pi/mu from each learner's current policy,"
+            " for learners whose policy has a density). Weights are normalised within each"
+            " source, so the mixing ratio is what a batch holds. true/false mean behaviour/none."
+        ),
+    )
+    state_noise: StateNoiseModel | None = Field(
+        None,
+        description=(
+            "S4RL noise on the observations and next observations of every training batch of"
+            " the augmented runs, e.g. {kind: gaussian, scale: 0.003} (omit: off)."
+        ),
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Dask resources a training task needs, e.g. {GPU: 1}."
+    )
+    device: str | None = Field(
+        None, description="Torch device for training (default: cuda if present)."
+    )
+    compile: bool = Field(
+        False,
+        description=(
+            "torch.compile each learner's parts where it pays (today Gaussian BC's loss; the"
+            " others train as without it)."
+        ),
+    )
+    fuse_seeds: bool | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "With several seeds, train each learner's seeds together as one batched network in"
+            " one stage (learners that cannot train fused get one stage per seed); false: one"
+            " stage per seed, spread over the cluster; auto: fused where it pays, i.e. every"
+            " fusable learner on a GPU and all but CQL and BCQ on a CPU (device: train.device,"
+            " else whether the planning machine has CUDA). The outputs are the same either way."
+        ),
+    )
+
+    @field_validator("configs")
+    @classmethod
+    def _configs_fit_their_learners(
+        cls, value: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        learners = typing.get_args(Algorithm)
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for algorithm, config in value.items():
+            if algorithm not in learners:
+                allowed = ", ".join(learners)
+                problems.append(((algorithm,), f"unknown learner; allowed here: {allowed}"))
+                continue
+            problems.extend(
+                ((algorithm, *where), message)
+                for where, message in learner_config_problems(algorithm, config)
+            )
+        if problems:
+            # load_workflow turns each problem into its own line, with the field's line number.
+            summary = "; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems)
+            raise PydanticCustomError(
+                LEARNER_CONFIG_ERROR, "{summary}", {"summary": summary, "problems": problems}
+            )
+        return value
+
+    @field_validator("weighting", mode="before")
+    @classmethod
+    def _booleans_name_a_weighting(cls, value: Any) -> Any:
+        # Workflows written before there was a choice say true or false.
+        if value is True:
+            return "behaviour"
+        if value is False:
+            return "none"
+        return value
+
+    @field_validator("weighting")
+    @classmethod
+    def _policy_weights_need_a_density(cls, value: Weighting, info: ValidationInfo) -> Weighting:
+        if value != "policy" or "configs" not in info.data:
+            return value  # a broken configs mapping is reported by its own check
+        # Imported here, not at the top: the registry imports torch (see learner_config_problems).
+        from offaug.algorithms.registry import policy_weighting_refusal
+
+        refusals = [
+            refusal
+            for algorithm in info.data.get("algorithms", ())
+            if (refusal := policy_weighting_refusal(algorithm, info.data["configs"].get(algorithm)))
+        ]
+        if refusals:
+            raise ValueError("; ".join(refusals))
+        return value
+
+    @field_validator("mixing")
+    @classmethod
+    def _mixing_valid(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if min(value) < 0 or sum(value) <= 0:
+            raise ValueError("mixing needs two non-negative shares, not both zero")
+        return value
+
+
+LEARNER_CONFIG_ERROR = "learner_config"
+"""The pydantic error type of :meth:`TrainModel._configs_fit_their_learners`."""
+
+
+def learner_config_problems(
+    algorithm: str, config: Mapping[str, Any]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """What is wrong with ``config`` as overrides of learner ``algorithm``'s config dataclass.
+
+    Each problem is (the field's path inside ``config``, message): an unknown field name (with
+    the allowed ones), or a value of the wrong type (checked strictly, as the learner will use
+    it: a YAML list stands for a tuple, an int for a float, nothing else is converted).
+    """
+    # Imported here, not at the top: the learners' modules import torch, and every Dask worker
+    # unpickles this module's models before its first stage (offaug.pipeline.engine.workers).
+    from offaug.algorithms.registry import config_type
+
+    kind = config_type(algorithm)
+    fields = {f.name for f in dataclasses.fields(kind)}
+    hints = typing.get_type_hints(kind)
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for name, item in config.items():
+        if name not in fields:
+            allowed = ", ".join(sorted(fields))
+            problems.append(((name,), f"unknown {kind.__name__} field; allowed here: {allowed}"))
+            continue
+        try:
+            TypeAdapter(hints[name]).validate_python(_lists_as_tuples(item), strict=True)
+        except ValidationError as exc:
+            for error in exc.errors():
+                problems.append(((name, *error["loc"]), error["msg"]))
+    return problems
+
+
+def _lists_as_tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_lists_as_tuples(v) for v in value)
+    return value

@@ -1,0 +1,406 @@
+"""The pipeline's stages: plain functions from small records and config to small records.
+
+No stage imports Dask: :mod:`offaug.pipeline.engine.graph` wires them into a graph, and a test calls
+any of them directly. Every stage writes its outputs atomically, so a stage that is killed and
+run again leaves no partial file and no duplicate.
+
+Every Dask worker imports this module to unpickle its first stage, before the background
+import of torch (:mod:`offaug.pipeline.engine.workers`) is done; so the modules that import torch
+are imported inside the stages that use them, and this module's header holds none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomic
+from offaug.datasets.errors import DatasetNotFoundError
+from offaug.datasets.generate import make_dataset
+from offaug.datasets.publish import publish_dataset
+from offaug.datasets.sampler import batch_shares
+from offaug.datasets.shards import ShardSet, file_checksum
+from offaug.datasets.sources import cache_key, load_transitions, resolve_source
+from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
+from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RunIndex
+from offaug.pipeline.outcome.summary import summarise
+from offaug.pipeline.rollouts.env_state import load_with_states
+from offaug.pipeline.schema.run_sections import DiagnosticsModel, EvaluationModel
+from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig, TrainModel
+from offaug.pipeline.schema.workflow import Workflow
+
+
+def _meta_subset(meta: Any) -> dict[str, Any]:
+    return {k: meta.get(k) for k in (*SPACE_META_KEYS, "format")}
+
+
+def prepare_source(config: SourceConfig) -> DatasetRef:
+    """Make the source dataset if it is missing and asked to, load it once (warming the cache)."""
+    try:
+        resolved = resolve_source(config.dataset, download=config.download)
+    except DatasetNotFoundError:
+        if config.make is None:
+            raise
+        make = config.make
+        if make.policy == "sac":
+            # Imports torch: only a source made by SAC needs it.
+            from offaug.algorithms.online.levels import make_level_dataset, small_sac_config
+
+            make_level_dataset(
+                make.env,
+                config.dataset,
+                make.level,
+                train_steps=make.train_steps,
+                steps=make.steps,
+                seed=make.seed,
+                data_format=make.format,
+                config=small_sac_config(),
+                max_episode_steps=make.max_episode_steps,
+                threads=1,
+            )
+        else:
+            make_dataset(
+                make.env,
+                config.dataset,
+                policy=make.policy,
+                steps=make.steps,
+                data_format=make.format,
+                seed=make.seed,
+                max_episode_steps=make.max_episode_steps,
+            )
+        resolved = resolve_source(config.dataset)
+    # Datasets without recorded states still load; they just cannot be branched from.
+    data, state_kind = load_with_states(config.dataset)
+    info_keys = list(state_kind.keys) if state_kind is not None else []
+    return DatasetRef(
+        source=config.dataset,
+        rows=len(data),
+        episodes=data.num_episodes,
+        identity=cache_key(resolved, {"info_keys": info_keys}),
+        has_simulator_state=state_kind is not None,
+        meta=_meta_subset(data.meta),
+    )
+
+
+def _train_into(out: str, run: Any) -> Path:
+    """Run ``run(directory)`` in a fresh sibling directory, then move it to ``out`` atomically.
+
+    A stage can execute twice at once (a client killed while its task still runs on a worker,
+    and the rerun's task): each execution writes its own directory and the last one to finish
+    replaces ``out`` whole, so files of two executions never mix.
+    """
+    final = Path(out)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        run(staging)
+        replace_directory(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def _model_ref(name: str, checkpoint: Path, metrics: dict[str, Any]) -> ModelRef:
+    return ModelRef(
+        name=name, path=str(checkpoint), checksum=file_checksum(checkpoint), metrics=metrics
+    )
+
+
+def _last_metrics(run_dir: Path) -> dict[str, Any]:
+    lines = (
+        (run_dir / "metrics.jsonl").read_text().splitlines()
+        if (run_dir / "metrics.jsonl").is_file()
+        else []
+    )
+    train = [json.loads(x) for x in lines if '"kind": "train"' in x]
+    evals = [json.loads(x) for x in lines if '"kind": "eval"' in x]
+    return {"train": train[-1] if train else {}, "eval": evals[-1] if evals else None}
+
+
+def data_score(data: Transitions) -> dict[str, Any]:
+    """The data's own mean episode return and its normalised score (reference scores)."""
+    from offaug.algorithms.evaluate import normalised_score, reference_scores  # torch: see top
+
+    bounds = data.episode_bounds()
+    rewards = np.asarray(data.rewards, dtype=np.float64)
+    returns = np.add.reduceat(rewards, bounds[:-1]) if len(rewards) else np.zeros(0)
+    mean_return = float(returns.mean()) if len(returns) else 0.0
+    return {
+        "episodes": len(returns),
+        "return": mean_return,
+        "normalised_score": normalised_score(mean_return, reference_scores(data.meta, None)),
+    }
+
+
+def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> ModelRef:
+    """Behaviour cloning (Gaussian): the rollout policy and the behaviour model.
+
+    Its metrics hold the final training line, its own evaluation (``eval``: mean ``return``
+    and ``normalised_score`` over ``config.evaluation_episodes`` greedy episodes, with the
+    learners' evaluation seeds) when the dataset records its env, and the data's own score
+    (``data``: :func:`data_score`), so a report can set the rollout policy against the data.
+    """
+    from offaug.algorithms.training.loop import TrainOptions, train  # imports torch: see the top
+
+    evaluate = config.evaluation_episodes > 0 and bool(data.meta.get("env_spec"))
+    options = TrainOptions(
+        steps=config.steps,
+        seed=seed,
+        eval_every=config.steps if evaluate else 0,
+        eval_episodes=max(1, config.evaluation_episodes),
+        log_every=max(1, config.steps // 10),
+        checkpoint_every=config.steps,
+        threads=None,
+        compile=config.compile,
+    )
+    learner = {
+        "policy": "gaussian",
+        "hidden": tuple(config.hidden),
+        "learning_rate": config.learning_rate,
+        "batch_size": config.batch_size,
+    }
+    final = _train_into(
+        out, lambda d: train("bc", [data.source], d, config=learner, options=options)
+    )
+    metrics = {**_last_metrics(final), "data": data_score(load_transitions(data.source))}
+    return _model_ref("bc", final / "checkpoint.pt", metrics)
+
+
+def train_offline(
+    algorithm: str,
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    out: str,
+    seed: int,
+    threads: int | None = None,
+    *,
+    plain: bool | None = None,
+) -> ModelRef:
+    """Train one learner on the original data, or on original + augmented data.
+
+    A plain run (default: the run without augmented data, the baseline) takes neither weights
+    nor state noise; ``plain=False`` gives the original data alone ``train_config``'s state
+    noise (an S4RL arm without rollouts).
+    """
+    from offaug.algorithms.training.loop import train  # imports torch: see the top
+
+    sources, options = _train_inputs(
+        data, augmented, train_config, evaluation, seed, threads, plain=plain
+    )
+    config = dict(train_config.configs.get(algorithm, {}))
+    final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
+    return _model_ref(
+        _model_name(algorithm, augmented), final / "checkpoint.pt", _run_metrics(final, options)
+    )
+
+
+def train_offline_fused(
+    algorithm: str,
+    data: DatasetRef,
+    augmented: list[AugmentedRef] | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    outs: list[str],
+    seeds: list[int],
+    threads: int | None = None,
+    *,
+    plain: bool | None = None,
+) -> list[ModelRef]:
+    """:func:`train_offline` for several seeds at once, as one fused run; one record per seed.
+
+    ``augmented[k]`` is seed ``seeds[k]``'s augmented data (``None``: every seed trains on the
+    original data). ``outs[k]`` receives what :func:`train_offline` with ``seeds[k]`` writes to
+    its ``out``, and the records are those it returns (the numbers agree to float32 rounding).
+    """
+    from offaug.algorithms.fused.train import train_fused  # imports torch: see the top
+
+    per_seed = augmented if augmented is not None else [None] * len(seeds)
+    inputs = [
+        _train_inputs(data, a, train_config, evaluation, seed, threads, plain=plain)
+        for a, seed in zip(per_seed, seeds, strict=True)
+    ]
+    # Seeds whose options differ beyond the seed (one whose rollout filter kept no episode
+    # trains on the original data alone) train as separate fused runs.
+    groups: dict[Any, list[int]] = {}
+    for k, (_, options) in enumerate(inputs):
+        groups.setdefault(dataclasses.replace(options, seed=0), []).append(k)
+    config = dict(train_config.configs.get(algorithm, {}))
+    finals = [Path(o) for o in outs]
+    stagings = [tmp_name(f) for f in finals]
+    try:
+        for shared, members in groups.items():
+            options = dataclasses.replace(shared, seeds=tuple(seeds[k] for k in members))
+            sources = [inputs[k][0] for k in members]
+            train_fused(
+                algorithm, sources, [stagings[k] for k in members], config=config, options=options
+            )
+        for staging, final in zip(stagings, finals, strict=True):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            replace_directory(staging, final)
+    except BaseException:
+        for staging in stagings:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [
+        _model_ref(_model_name(algorithm, a), f / "checkpoint.pt", _run_metrics(f, options))
+        for a, f, (_, options) in zip(per_seed, finals, inputs, strict=True)
+    ]
+
+
+def member_model(models: list[ModelRef], index: int) -> ModelRef:
+    """The record of seed ``index`` of a :func:`train_offline_fused` stage: a stage of its own,
+    so that every later stage reads a seed's model as it reads a per-seed training's."""
+    return models[index]
+
+
+def _model_name(algorithm: str, augmented: AugmentedRef | None) -> str:
+    return f"{algorithm}-{'augmented' if augmented is not None else 'original'}"
+
+
+def _run_metrics(run_dir: Path, options: Any) -> dict[str, Any]:
+    """A finished run's last metrics, with how its augmented rows were weighted and noised."""
+    metrics = _last_metrics(run_dir)
+    metrics["weighting"] = options.weighting
+    # The shares each batch held (train.mixing, or less augmented under mixing_follows_rows).
+    metrics["mixing"] = list(options.mixing) if options.mixing is not None else None
+    # ESS/N of the weights the losses used, over every weighted row of the run.
+    metrics["weight_ess_fraction"] = metrics["train"].get("weight_ess_fraction_run")
+    metrics["state_noise"] = (
+        dataclasses.asdict(options.state_noise) if options.state_noise is not None else None
+    )
+    return metrics
+
+
+def _train_inputs(
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    train_config: TrainModel,
+    evaluation: EvaluationModel,
+    seed: int,
+    threads: int | None,
+    *,
+    plain: bool | None = None,
+) -> tuple[list[Any], Any]:
+    """The sources and :class:`~offaug.algorithms.training.loop.TrainOptions` of a training
+    stage."""
+    from offaug.algorithms.training.loop import TrainOptions
+    from offaug.algorithms.training.state_noise import StateNoise  # imports torch: see the top
+
+    plain = augmented is None if plain is None else plain
+    if augmented is not None and augmented.rows == 0:
+        # The rollout filter kept no episode: nothing to mix in, so the arm trains on the original
+        # data alone (its summary's augmented_rows of 0 tells the verdict why).
+        augmented = None
+    sources: list[Any] = [data.source]
+    mixing = None
+    if augmented is not None:
+        sources.append(augmented.directory)
+        mixing = batch_shares(
+            train_config.mixing,
+            (data.rows, augmented.rows) if train_config.mixing_follows_rows else None,
+        )
+    noise = train_config.state_noise
+    steps = train_config.steps
+    options = TrainOptions(
+        steps=steps,
+        seed=seed,
+        mixing=mixing,
+        weighting="none" if plain or augmented is None else train_config.weighting,
+        state_noise=None if plain or noise is None else StateNoise(noise.kind, noise.scale),
+        log_every=max(1, steps // 20),
+        eval_every=evaluation.every or steps,
+        eval_episodes=evaluation.episodes,
+        checkpoint_every=steps,
+        device=train_config.device,
+        threads=threads,
+        compile=train_config.compile,
+    )
+    return sources, options
+
+
+def diagnose_policy_stage(
+    data: DatasetRef,
+    bc: ModelRef,
+    model: ModelRef,
+    config: DiagnosticsModel,
+    seed: int,
+    index: int,
+) -> dict[str, Any]:
+    """One trained policy's diagnostics (:func:`offaug.pipeline.diagnostics.diagnose_policy`)."""
+    # The diagnostics evaluate torch policies and use scipy: imported where they run.
+    from offaug.pipeline.diagnostics import diagnose_policy
+
+    return diagnose_policy(data, bc, model, config, seed, index)
+
+
+def diagnose_stage(
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    bc: ModelRef,
+    models: list[ModelRef],
+    config: DiagnosticsModel,
+    out: str,
+    seed: int,
+    parts: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Distribution-shift diagnostics (see :mod:`offaug.pipeline.diagnostics`), as a dict."""
+    # The diagnostics evaluate torch policies and use scipy: imported where they run.
+    from offaug.pipeline.diagnostics import run_diagnostics
+
+    return run_diagnostics(data, augmented, bc, models, config, out, seed, parts=parts)
+
+
+def publish_stage(
+    data: DatasetRef, augmented: AugmentedRef | None, config: Any, provenance: dict[str, Any]
+) -> dict[str, Any]:
+    """Publish original and/or augmented data as a Minari dataset."""
+    parts: list[Any] = []
+    if config.include in ("original", "both"):
+        parts.append(load_transitions(data.source))
+    if config.include in ("augmented", "both"):
+        if augmented is None:
+            raise ValueError("publish.include asks for augmented data but the run made none")
+        parts.append(ShardSet.open(augmented.directory))
+    published = publish_dataset(
+        parts,
+        config.dataset_id,
+        root=config.root,
+        data_format=config.format,
+        overwrite=config.overwrite,
+        provenance=provenance,
+    )
+    return {
+        "dataset_id": config.dataset_id,
+        "path": str(getattr(published, "path", "")),
+        "include": config.include,
+    }
+
+
+def report_stage(
+    workflow: Workflow,
+    names: tuple[str, ...],
+    results: list[Any],
+    metrics_path: str,
+    report_path: str,
+    index: RunIndex,
+) -> dict[str, Any]:
+    """Write ``metrics.json`` (:func:`offaug.pipeline.outcome.summary.summarise`) and
+    ``report.html`` from every result; ``index`` says which stage holds which run."""
+    metrics = summarise(workflow, dict(zip(names, results, strict=True)), index)
+    write_json_atomic(Path(metrics_path), metrics)
+    paths = [metrics_path]
+    try:
+        from offaug.pipeline.report import write_report
+    except ImportError:  # matplotlib is optional: metrics.json alone then
+        return {"kind": "files", "paths": paths}
+    write_report(metrics, Path(report_path))
+    return {"kind": "files", "paths": [*paths, report_path]}

@@ -1,0 +1,266 @@
+"""The rollout stages: tasks of simulator or model rollouts, the dynamics model, the merge.
+
+Plain functions from small records and config to small records, as every stage in
+:mod:`offaug.pipeline.stages.learning` (which the graph wires them from). ``policy_model`` is the
+trained learner whose action the rollout noise is centred on (``rollout.policy``; None: the BC
+policy's own action); beta_hat is always the BC checkpoint's density. Modules that import torch
+are imported inside the stages that use them (see :mod:`offaug.pipeline.stages.learning`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from offaug.datasets.shards import file_checksum
+from offaug.datasets.sources import load_transitions
+from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
+from offaug.pipeline.rollouts.calibration import calibrate_noise
+from offaug.pipeline.rollouts.data import sparsity, start_probabilities
+from offaug.pipeline.rollouts.noise import parse_noise
+from offaug.pipeline.rollouts.simulator import RolloutConfig
+from offaug.pipeline.rollouts.tasks import (
+    RolloutTask,
+    data_filter,
+    filter_counts,
+    merge_rollout_shards,
+    run_rollout_task,
+    split_tasks,
+)
+from offaug.pipeline.schema.sections import RolloutModel
+
+
+def _rollout_config(
+    data: DatasetRef, config: RolloutModel, seed: int, calibration: dict[str, Any] | None = None
+) -> RolloutConfig:
+    start = config.start if data.has_simulator_state else "reset"
+    return RolloutConfig(
+        episodes=config.episodes,
+        n_envs=config.n_envs,
+        noise=config.noise if calibration is None else parse_noise(calibration["noise"]),
+        seed=seed,
+        max_weight=config.max_weight,
+        start=start,
+        max_episode_steps=config.max_episode_steps,
+        horizon=config.horizon,
+        starts="uniform" if start == "reset" else config.starts,
+        filter=config.filter,
+        filter_margin=config.filter_margin,
+        filter_tolerance=config.filter_tolerance,
+    )
+
+
+def rollout_tasks(
+    data: DatasetRef,
+    bc: ModelRef,
+    config: RolloutModel,
+    out: str,
+    seed: int,
+    policy_model: ModelRef | None = None,
+    calibration: dict[str, Any] | None = None,
+) -> list[RolloutTask]:
+    """The rollout stage's tasks (references only), one shard each.
+
+    ``policy_model``: the trained learner whose action the noise is centred on (``rollout.policy``
+    names it; None: the BC policy's own action). ``calibration``: what
+    :func:`calibrate_noise_stage` chose, in place of ``config.noise``.
+    """
+    return split_tasks(
+        data.source,
+        bc.path,
+        _rollout_config(data, config, seed, calibration),
+        out,
+        config.tasks,
+        env_id=config.env,
+        learner=None if policy_model is None else policy_model.path,
+    )
+
+
+def rollout_shard(
+    data: DatasetRef,
+    bc: ModelRef,
+    config: RolloutModel,
+    out: str,
+    seed: int,
+    task_index: int,
+    policy_model: ModelRef | None = None,
+    calibration: dict[str, Any] | None = None,
+) -> RolloutShard:
+    """Task ``task_index`` of the rollout stage: roll out its episodes and write its shard."""
+    tasks = rollout_tasks(data, bc, config, out, seed, policy_model, calibration)
+    if task_index >= len(tasks):
+        raise ValueError(f"rollout task {task_index} of {len(tasks)}: more tasks than episodes")
+    return run_rollout_task(tasks[task_index])
+
+
+def calibrate_noise_stage(
+    data: DatasetRef,
+    bc: ModelRef,
+    config: RolloutModel,
+    out: str,
+    seed: int,
+    policy_model: ModelRef | None = None,
+) -> dict[str, Any]:
+    """The noise every task of the rollout stage uses (``rollout.noise_calibration``), probed
+    once on the first task's policy, env and filter (:func:`calibrate_noise`)."""
+    if config.noise_calibration is None:
+        raise ValueError("calibrate_noise_stage needs rollout.noise_calibration")
+    task = rollout_tasks(data, bc, config, out, seed, policy_model)[0]
+    return calibrate_noise(task, config.noise_calibration)
+
+
+def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
+    """Fit the learned-dynamics ensemble (rollout backend 'model')."""
+    from offaug.datasets.sources import load_transitions
+    from offaug.pipeline.rollouts.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+
+    dyn = config.dynamics
+    model, losses = train_dynamics(
+        load_transitions(data.source),
+        DynamicsConfig(
+            members=dyn.members,
+            hidden=tuple(dyn.hidden),
+            steps=dyn.steps,
+            horizon=dyn.horizon,
+            penalty=dyn.penalty,
+            seed=seed,
+        ),
+    )
+    path = save_dynamics(model, out)
+    return ModelRef(name="dynamics", path=str(path), checksum=file_checksum(path), metrics=losses)
+
+
+def model_rollout_task(
+    data: DatasetRef,
+    bc: ModelRef,
+    dynamics: ModelRef,
+    config: RolloutModel,
+    shard_path: str,
+    task_index: int,
+    seed: int,
+    policy_model: ModelRef | None = None,
+) -> RolloutShard:
+    """One task of model rollouts from dataset states, written as one shard.
+
+    Start states are drawn as ``rollout.starts`` says (uniform, sparse, or where the ensemble
+    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`.
+    """
+    # torch comes with these: imported when the task runs, not when a worker unpickles stages.
+    from offaug.datasets.shards import write_shard
+    from offaug.pipeline.rollouts.dynamics import load_dynamics, model_rollout
+    from offaug.pipeline.rollouts.policies import load_rollout_policy
+
+    original = load_transitions(data.source)
+    model = load_dynamics(dynamics.path)
+    model = _with_seed(model, seed * 1000 + task_index)
+    rng = np.random.default_rng(seed * 1000 + task_index)
+    probabilities = None
+    if config.starts == "sparse":
+        probabilities = start_probabilities(sparsity(original.observations))
+    elif config.starts == "disagreement":
+        spread = model.disagreement(original.observations, original.actions)
+        probabilities = start_probabilities(spread)
+    rows = rng.choice(len(original), size=config.dynamics.starts, p=probabilities)
+    starts = np.asarray(original.observations[rows])
+    policy = load_rollout_policy(bc.path, None if policy_model is None else policy_model.path)
+    meta = {
+        **data.meta,
+        "provenance": {
+            "source": data.source,
+            "policy": bc.path,
+            "policy_checkpoint_xxh3": bc.checksum,
+            "learner": None if policy_model is None else policy_model.path,
+            "dynamics": dynamics.path,
+            "noise": config.noise.text,
+            "seed": seed,
+            "task_index": task_index,
+        },
+    }
+    out = model_rollout(
+        model,
+        policy,
+        starts,
+        noise=config.noise,
+        max_weight=config.max_weight,
+        meta=meta,
+        horizon=config.horizon,
+        start_rows=rows.astype(np.int64),
+        episode_filter=data_filter(original, config),
+    )
+    Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
+    ref = write_shard(out, shard_path)
+    bounds = out.episode_bounds()
+    returns = (
+        np.add.reduceat(out.rewards.astype(np.float64), bounds[:-1]) if len(out) else np.zeros(0)
+    )
+    return RolloutShard(
+        ref,
+        dict(out.meta["weight_stats"]),
+        0,
+        tuple(float(r) for r in returns),
+        int(out.meta["episodes_dropped"]),
+    )
+
+
+def _with_seed(model: Any, seed: int) -> Any:
+    model.config = dataclasses.replace(model.config, seed=seed)
+    return model
+
+
+def merge_rollouts(
+    results: list[RolloutShard],
+    out: str,
+    config: RolloutModel,
+    calibration: dict[str, Any] | None = None,
+) -> AugmentedRef:
+    """Write the augmented shard set's manifest over the finished tasks.
+
+    The reference's ``metrics``: ``policy`` (``rollout.policy``), ``noise`` (what the tasks
+    used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
+    without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
+    ``dropped``) and ``episode_return`` (the mean return of the kept episodes, None without any).
+    """
+    noise = config.noise.text if calibration is None else str(calibration["noise"])
+    shard_set = merge_rollout_shards(
+        out,
+        results,
+        {
+            "noise": noise,
+            "noise_calibration": calibration,
+            "max_weight": config.max_weight,
+            "backend": config.backend,
+            "episodes": config.episodes,
+            "tasks": config.tasks,
+            "policy": config.policy,
+            "horizon": config.horizon,
+            "starts": config.starts,
+            "filter": config.filter,
+            "filter_margin": config.filter_margin,
+            "filter_tolerance": config.filter_tolerance,
+        },
+    )
+    returns = [r for result in results for r in result.episode_returns]
+    return AugmentedRef(
+        directory=shard_set.directory,
+        rows=shard_set.rows,
+        episodes=shard_set.episodes,
+        shards=len(shard_set.shards),
+        manifest_checksum=file_checksum(shard_set.manifest_path),
+        weight_stats=dict(shard_set.params["weight_stats"]),
+        faults=sum(r.faults for r in results),
+        metrics={
+            "policy": config.policy,
+            "noise": noise,
+            "noise_calibration": calibration,
+            "filter": {
+                "kind": config.filter,
+                "margin": config.filter_margin,
+                "tolerance": config.filter_tolerance,
+                **filter_counts(results),
+            },
+            "episode_return": float(np.mean(returns)) if returns else None,
+        },
+    )
