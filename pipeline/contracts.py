@@ -76,6 +76,8 @@ class RolloutShard:
     episode_returns: tuple[float, ...]
     episodes_dropped: int = 0
     """Episodes the filter dropped (``episode_returns`` holds the kept ones)."""
+    seconds: float = 0.0
+    """Wall seconds the task took to make its rows (recorded by the diffusion backend)."""
 
 
 class RunEntry(TypedDict):
@@ -96,7 +98,8 @@ class RecipeStages(TypedDict):
     weighting: str
     """How its augmented rows are weighted: none, behaviour or policy."""
     policy: str
-    """Its rollout policy: bc, or the learner whose plain run rolls out."""
+    """Its rollout policy: bc, the learner whose plain run rolls out, or none (backend
+    diffusion generates its rows without a policy)."""
     bc: dict[str, str]
     rollout: dict[str, str]
     diagnose: dict[str, str]

@@ -262,16 +262,18 @@ def merge_rollout_shards(
     for result in results:
         part = read_shard(result.shard.path, checksum=result.shard.checksum)
         meta = dict(part.meta)
-        if (
-            part.importance_weight is not None
-            and part.behaviour_log_prob is not None
-            and part.rollout_log_prob is not None
-        ):
-            weights.append(np.asarray(part.importance_weight, dtype=np.float64))
+        if part.importance_weight is None:
+            continue
+        weight = np.asarray(part.importance_weight, dtype=np.float64)
+        weights.append(weight)
+        if part.behaviour_log_prob is not None and part.rollout_log_prob is not None:
             log_ratios.append(
                 np.asarray(part.behaviour_log_prob, dtype=np.float64)
                 - np.asarray(part.rollout_log_prob, dtype=np.float64)
             )
+        else:
+            # Generated rows carry no densities: their weight (1) is the whole ratio.
+            log_ratios.append(np.log(weight))
     max_weight = float(params.get("max_weight", RolloutConfig.max_weight))
     pooled_weights = np.concatenate(weights) if weights else np.zeros(0)
     pooled = weight_statistics(

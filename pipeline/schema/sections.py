@@ -132,6 +132,32 @@ class DynamicsModel(StrictSection):
     starts: int = Field(1000, gt=0, description="Dataset states to branch from per task.")
 
 
+class DiffusionModel(StrictSection):
+    """The generative model of rollout backend 'diffusion' (SynthER): a denoiser trained on the
+    dataset's transitions, then sampled. The defaults train in minutes on two CPU cores;
+    SynthER's own sizes, for a GPU: width 2048, blocks 6, steps 100000, batch_size 1024,
+    sampler_steps 128 (docs/rollouts.md)."""
+
+    width: int = Field(256, gt=0, description="Width of the denoiser's residual blocks.")
+    blocks: int = Field(3, gt=0, description="Residual blocks of the denoiser.")
+    steps: int = Field(3000, gt=0, description="Training steps (cosine learning-rate decay).")
+    batch_size: int = Field(256, gt=0, description="Transitions per training step.")
+    learning_rate: float = Field(3e-4, gt=0, description="Adam's initial learning rate.")
+    samples: int = Field(
+        100_000, gt=0, description="Transitions to generate in all, split over rollout.tasks."
+    )
+    sampler_steps: int = Field(
+        32, gt=0, description="Solver steps from pure noise to a sample (DPM-Solver++ 2M)."
+    )
+    seed: int | None = Field(
+        None,
+        description=(
+            "Seed of the denoiser's training and sampling; null: the run's training seed (each"
+            " seed of a several-seed run then trains its own denoiser)."
+        ),
+    )
+
+
 class NoiseCalibrationModel(StrictSection):
     """Rollout noise chosen against the episode filter before rolling out."""
 
@@ -158,11 +184,13 @@ class NoiseCalibrationModel(StrictSection):
 class RolloutModel(StrictSection):
     """Noisy rollouts of the BC policy, or of a trained learner's policy."""
 
-    backend: Literal["simulator", "model", "none"] = Field(
+    backend: Literal["simulator", "model", "diffusion", "none"] = Field(
         "simulator",
         description=(
-            "The dataset's simulator, a learned dynamics ensemble, or none (a recipe without"
-            " rollouts)."
+            "The dataset's simulator, a learned dynamics ensemble, a diffusion model of the"
+            " transitions that generates new ones (SynthER: the policy, noise, episode, start"
+            " and filter fields do not apply, so a recipe may inherit them), or none (a recipe"
+            " without rollouts)."
         ),
     )
     policy: Algorithm = Field(
@@ -255,6 +283,9 @@ class RolloutModel(StrictSection):
     dynamics: DynamicsModel = Field(
         default_factory=DynamicsModel, description="Model backend settings."
     )
+    diffusion: DiffusionModel = Field(
+        default_factory=DiffusionModel, description="Diffusion backend settings."
+    )
 
     @model_validator(mode="after")
     def _tasks_fit(self) -> RolloutModel:
@@ -269,6 +300,10 @@ class RolloutModel(StrictSection):
             )
         if self.starts == "disagreement" and self.backend != "model":
             raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
+        if self.backend == "diffusion" and self.tasks > self.diffusion.samples:
+            raise ValueError(
+                f"tasks ({self.tasks}) must not exceed diffusion.samples ({self.diffusion.samples})"
+            )
         if self.rounds > 1 and self.policy == "bc":
             raise ValueError(
                 f"rounds {self.rounds} needs a learner as the policy (policy: td3bc, say): the"

@@ -1,4 +1,5 @@
-"""The rollout stages: tasks of simulator or model rollouts, the dynamics model, the merge.
+"""The rollout stages: tasks of simulator or model rollouts, the dynamics model, the diffusion
+model and its sample tasks, the merge.
 
 Plain functions from small records and config to small records, as every stage in
 :mod:`offaug.pipeline.stages.learning` (which the graph wires them from). ``policy_model`` is the
@@ -10,6 +11,7 @@ are imported inside the stages that use them (see :mod:`offaug.pipeline.stages.l
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +207,83 @@ def model_rollout_task(
     )
 
 
+PER_100K = 100_000
+"""The sample count the diffusion backend's costs are given for (seconds per 100k samples)."""
+
+
+def diffusion_seed(config: RolloutModel, seed: int) -> int:
+    """The diffusion backend's seed: ``rollout.diffusion.seed``, else the run's."""
+    return seed if config.diffusion.seed is None else config.diffusion.seed
+
+
+def train_denoiser_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
+    """Fit the diffusion model of the source's transitions (rollout backend 'diffusion').
+
+    Its metrics: ``train_loss``, ``train_seconds`` and ``train_seconds_per_100k_samples`` (the
+    training time spread over ``diffusion.samples``, per 100,000 generated transitions).
+    """
+    # torch and diffusers come with this: imported when the stage runs (see the top).
+    from offaug.pipeline.rollouts.diffusion import DiffusionConfig, save_diffusion, train_diffusion
+
+    settings = config.diffusion
+    model, metrics = train_diffusion(
+        load_transitions(data.source),
+        DiffusionConfig(
+            width=settings.width,
+            blocks=settings.blocks,
+            steps=settings.steps,
+            batch_size=settings.batch_size,
+            learning_rate=settings.learning_rate,
+            sampler_steps=settings.sampler_steps,
+            seed=diffusion_seed(config, seed),
+        ),
+    )
+    path = save_diffusion(model, out)
+    metrics["train_seconds_per_100k_samples"] = (
+        metrics["train_seconds"] * PER_100K / settings.samples
+    )
+    return ModelRef(name="diffusion", path=str(path), checksum=file_checksum(path), metrics=metrics)
+
+
+def diffusion_sample_task(
+    data: DatasetRef,
+    denoiser: ModelRef,
+    config: RolloutModel,
+    shard_path: str,
+    task_index: int,
+    seed: int,
+) -> RolloutShard:
+    """Task ``task_index`` of the diffusion backend: its share of ``diffusion.samples``
+    generated transitions, written as one shard (what a row holds:
+    :mod:`offaug.pipeline.rollouts.diffusion`)."""
+    from offaug.datasets.shards import write_shard
+    from offaug.pipeline.rollouts.diffusion import generate, load_diffusion
+
+    total, tasks = config.diffusion.samples, config.tasks
+    count = total // tasks + (1 if task_index < total % tasks else 0)
+    started = time.perf_counter()
+    model = load_diffusion(denoiser.path)
+    out = generate(model, count, diffusion_seed(config, seed) * 1000 + task_index, data.meta)
+    seconds = time.perf_counter() - started
+    out = dataclasses.replace(
+        out,
+        meta={
+            **out.meta,
+            "provenance": {
+                "source": data.source,
+                "denoiser": denoiser.path,
+                "denoiser_checkpoint_xxh3": denoiser.checksum,
+                "seed": seed,
+                "task_index": task_index,
+            },
+        },
+    )
+    Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
+    ref = write_shard(out, shard_path)
+    # No episode returns: a generated row is a one-step episode, and there is no filter to count.
+    return RolloutShard(ref, {}, 0, (), seconds=seconds)
+
+
 def _with_seed(model: Any, seed: int) -> Any:
     model.config = dataclasses.replace(model.config, seed=seed)
     return model
@@ -240,9 +319,23 @@ def merge_rollouts(
             "filter": config.filter,
             "filter_margin": config.filter_margin,
             "filter_tolerance": config.filter_tolerance,
+            **(
+                {"diffusion": config.diffusion.model_dump(mode="json")}
+                if config.backend == "diffusion"
+                else {}
+            ),
         },
     )
     returns = [r for result in results for r in result.episode_returns]
+    metrics: dict[str, Any] = {}
+    if config.backend == "diffusion":
+        # What generating cost, for a cost record (the training's is the denoiser stage's).
+        seconds = sum(r.seconds for r in results)
+        metrics["diffusion"] = {
+            "samples": shard_set.rows,
+            "sample_seconds": seconds,
+            "sample_seconds_per_100k_samples": seconds * PER_100K / max(shard_set.rows, 1),
+        }
     return AugmentedRef(
         directory=shard_set.directory,
         rows=shard_set.rows,
@@ -262,5 +355,6 @@ def merge_rollouts(
                 **filter_counts(results),
             },
             "episode_return": float(np.mean(returns)) if returns else None,
+            **metrics,
         },
     )
