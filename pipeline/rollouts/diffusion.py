@@ -119,6 +119,8 @@ class _Block(nn.Module):
 class ResidualDenoiser(nn.Module):
     """SynthER's residual-MLP denoiser F(x, c_noise): ``(B, d), (B,) -> (B, d)``."""
 
+    frequencies: torch.Tensor
+
     def __init__(self, dim: int, width: int, blocks: int, time_dim: int) -> None:
         super().__init__()
         # Fixed random frequencies (SynthER's random_fourier_features): a buffer, not trained.
@@ -227,7 +229,7 @@ class Diffusion:
     def denoise(self, noisy: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """F's raw output at ``noisy`` ``(B, d)`` and noise levels ``sigma`` ``(B, 1)``."""
         scheduler = self.scheduler
-        return self.net(  # type: ignore[no-any-return]
+        return self.net(
             scheduler.precondition_inputs(noisy, sigma), scheduler.precondition_noise(sigma)
         )
 

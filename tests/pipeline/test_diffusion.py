@@ -57,9 +57,7 @@ def hopper(make_test_dataset) -> tuple[str, Any]:
     return dataset, data
 
 
-def test_generated_rows_are_one_step_episodes_inside_the_action_box(
-    hopper, tmp_path: Path
-) -> None:
+def test_generated_rows_are_one_step_episodes_inside_the_action_box(hopper, tmp_path: Path) -> None:
     _, data = hopper
     model, metrics = train_diffusion(data, DiffusionConfig(**TINY))
     assert np.isfinite(metrics["train_loss"]) and metrics["train_seconds"] > 0
@@ -157,9 +155,7 @@ LEARNERS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("algorithm", sorted(LEARNERS))
-def test_every_learner_trains_on_generated_rows(
-    algorithm: str, generated, tmp_path: Path
-) -> None:
+def test_every_learner_trains_on_generated_rows(algorithm: str, generated, tmp_path: Path) -> None:
     source, augmented = generated
     train = TrainModel(algorithms=(algorithm,), steps=10, configs={algorithm: LEARNERS[algorithm]})
     model = train_offline(
