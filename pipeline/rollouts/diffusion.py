@@ -59,6 +59,7 @@ from offaug.algorithms.base import (
     save_checkpoint,
     spaces_from_transitions,
 )
+from offaug.algorithms.runtime import choose_device
 from offaug.datasets.transitions import SPACE_META_KEYS, Source, Transitions
 
 SIGMA_MIN = 0.002
@@ -217,13 +218,20 @@ def _flatten(data: Transitions) -> npt.NDArray[np.float32]:
 
 
 class Diffusion:
-    """An EDM diffusion model of ``dim``-vectors (standardised), its training and sampling."""
+    """An EDM diffusion model of ``dim``-vectors (standardised), its training and sampling.
 
-    def __init__(self, dim: int, config: DiffusionConfig) -> None:
+    ``device``: where the network trains and samples (None: CUDA when present).
+    """
+
+    def __init__(
+        self, dim: int, config: DiffusionConfig, device: str | torch.device | None = None
+    ) -> None:
         self.dim = dim
         self.config = config
+        self.device = choose_device(None if device is None else str(device))
         torch.manual_seed(config.seed)
-        self.net = ResidualDenoiser(dim, config.width, config.blocks, config.time_dim)
+        net = ResidualDenoiser(dim, config.width, config.blocks, config.time_dim)
+        self.net = net.to(self.device)
         self.scheduler = _scheduler(config)
 
     def denoise(self, noisy: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -235,8 +243,10 @@ class Diffusion:
 
     def loss(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """EDM's weighted denoising loss on a batch ``x`` ``(B, d)``."""
-        sigma = torch.exp(P_MEAN + P_STD * torch.randn(len(x), 1, generator=generator))
-        noisy = x + sigma * torch.randn(x.shape, generator=generator)
+        sigma = torch.exp(
+            P_MEAN + P_STD * torch.randn(len(x), 1, generator=generator, device=x.device)
+        )
+        noisy = x + sigma * torch.randn(x.shape, generator=generator, device=x.device)
         denoised = self.scheduler.precondition_outputs(noisy, self.denoise(noisy, sigma), sigma)
         weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
         return (weight * (denoised - x) ** 2).mean()
@@ -246,16 +256,18 @@ class Diffusion:
         steps (``train_loss``)."""
         config = self.config
         # A copy: the data may be a read-only memory map, which torch must not wrap.
-        data = torch.tensor(np.asarray(vectors, dtype=np.float32))
+        data = torch.tensor(np.asarray(vectors, dtype=np.float32), device=self.device)
         rng = np.random.default_rng(config.seed)
-        generator = torch.Generator().manual_seed(config.seed)
+        generator = torch.Generator(self.device).manual_seed(config.seed)
         optimizer = adam(self.net.parameters(), config.learning_rate)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.steps)
         tail = max(1, config.steps // 10)
-        losses = torch.zeros(tail)
+        losses = torch.zeros(tail, device=self.device)
         self.net.train()
         for step in range(config.steps):
-            rows = torch.as_tensor(rng.integers(0, len(data), size=config.batch_size))
+            rows = torch.as_tensor(
+                rng.integers(0, len(data), size=config.batch_size), device=self.device
+            )
             loss = self.loss(data[rows], generator)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -267,18 +279,19 @@ class Diffusion:
 
     @torch.no_grad()
     def sample(self, n: int, seed: int, chunk: int = 16_384) -> npt.NDArray[np.float32]:
-        """``(n, d)`` vectors from noise of seed ``seed``, ``chunk`` rows at a time."""
+        """``(n, d)`` vectors from noise of seed ``seed``, ``chunk`` rows at a time (the noise
+        is drawn on the CPU, so a seed gives the same start on every device)."""
         generator = torch.Generator().manual_seed(seed)
         out = [np.zeros((0, self.dim), np.float32)]
         for start in range(0, n, chunk):
             scheduler = _scheduler(self.config)  # the multistep solver keeps state: one per chunk
             scheduler.set_timesteps(self.config.sampler_steps)
             x = torch.randn(min(chunk, n - start), self.dim, generator=generator)
-            x = x * scheduler.sigmas[0]
+            x = x.to(self.device) * scheduler.sigmas[0]
             for index, timestep in enumerate(scheduler.timesteps):
-                sigma = scheduler.sigmas[index].expand(len(x), 1)
+                sigma = scheduler.sigmas[index].to(self.device).expand(len(x), 1)
                 x = scheduler.step(self.denoise(x, sigma), timestep, x).prev_sample
-            out.append(x.numpy())
+            out.append(x.cpu().numpy())
         return np.concatenate(out)
 
 
@@ -300,9 +313,10 @@ class TransitionDiffusion:
 
 
 def train_diffusion(
-    data: Transitions, config: DiffusionConfig | None = None
+    data: Transitions, config: DiffusionConfig | None = None, device: str | None = None
 ) -> tuple[TransitionDiffusion, dict[str, float]]:
-    """Fit a denoiser to ``data``'s transitions (continuous actions, flat observations).
+    """Fit a denoiser to ``data``'s transitions (continuous actions, flat observations) on
+    ``device`` (None: CUDA when present).
 
     Returns the model and its metrics: ``train_loss`` and ``train_seconds``.
     """
@@ -313,7 +327,7 @@ def train_diffusion(
         raise ValueError("the diffusion backend needs continuous (Box) observations")
     layout = TransitionLayout.of(data)
     spaces = spaces_from_transitions(data.meta, data.observation_shape[0], data.actions)
-    model = TransitionDiffusion(Diffusion(layout.dim, config), layout, spaces)
+    model = TransitionDiffusion(Diffusion(layout.dim, config, device), layout, spaces)
     started = time.perf_counter()
     metrics = model.diffusion.fit(layout.standardise(data))
     return model, {**metrics, "train_seconds": time.perf_counter() - started}
@@ -361,8 +375,8 @@ def save_diffusion(model: TransitionDiffusion, path: str | Path) -> Path:
     )
 
 
-def load_diffusion(path: str | Path) -> TransitionDiffusion:
-    """Load :func:`save_diffusion`'s checkpoint."""
+def load_diffusion(path: str | Path, device: str | None = None) -> TransitionDiffusion:
+    """Load :func:`save_diffusion`'s checkpoint onto ``device`` (None: CUDA when present)."""
     checkpoint = load_checkpoint(path)
     if checkpoint.algorithm != "diffusion":
         raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint, not a diffusion model")
@@ -373,7 +387,7 @@ def load_diffusion(path: str | Path) -> TransitionDiffusion:
         checkpoint.state["mean"].numpy(),
         checkpoint.state["std"].numpy(),
     )
-    diffusion = Diffusion(layout.dim, config_from_json(DiffusionConfig, checkpoint.config))
+    diffusion = Diffusion(layout.dim, config_from_json(DiffusionConfig, checkpoint.config), device)
     diffusion.net.load_state_dict(checkpoint.state["net"])
     diffusion.net.eval()
     return TransitionDiffusion(diffusion, layout, spaces)

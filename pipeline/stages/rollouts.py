@@ -219,8 +219,9 @@ def diffusion_seed(config: RolloutModel, seed: int) -> int:
 def train_denoiser_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
     """Fit the diffusion model of the source's transitions (rollout backend 'diffusion').
 
-    Its metrics: ``train_loss``, ``train_seconds`` and ``train_seconds_per_100k_samples`` (the
-    training time spread over ``diffusion.samples``, per 100,000 generated transitions).
+    It trains on CUDA when the worker has it. Its metrics: ``train_loss``, ``train_seconds``,
+    ``device`` and ``train_seconds_per_100k_samples`` (the training time spread over
+    ``diffusion.samples``, per 100,000 generated transitions).
     """
     # torch and diffusers come with this: imported when the stage runs (see the top).
     from offaug.pipeline.rollouts.diffusion import DiffusionConfig, save_diffusion, train_diffusion
@@ -239,10 +240,17 @@ def train_denoiser_stage(data: DatasetRef, config: RolloutModel, out: str, seed:
         ),
     )
     path = save_diffusion(model, out)
-    metrics["train_seconds_per_100k_samples"] = (
-        metrics["train_seconds"] * PER_100K / settings.samples
+    per_100k = metrics["train_seconds"] * PER_100K / settings.samples
+    return ModelRef(
+        name="diffusion",
+        path=str(path),
+        checksum=file_checksum(path),
+        metrics={
+            **metrics,
+            "device": str(model.diffusion.device),
+            "train_seconds_per_100k_samples": per_100k,
+        },
     )
-    return ModelRef(name="diffusion", path=str(path), checksum=file_checksum(path), metrics=metrics)
 
 
 def diffusion_sample_task(
