@@ -309,40 +309,54 @@ def merge_rollouts(
     used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
     without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
     ``dropped``) and ``episode_return`` (the mean return of the kept episodes, None without any).
+    Generated transitions (backend ``diffusion``) have no policy, noise, filter or episode
+    return (None, and filter kind ``none``); their ``diffusion`` entry holds the ``samples``,
+    the tasks' ``sample_seconds`` and ``sample_seconds_per_100k_samples``.
     """
+    generated = config.backend == "diffusion"
     noise = config.noise.text if calibration is None else str(calibration["noise"])
-    shard_set = merge_rollout_shards(
-        out,
-        results,
-        {
+    params: dict[str, Any] = {"backend": config.backend, "tasks": config.tasks}
+    if generated:
+        params["diffusion"] = config.diffusion.model_dump(mode="json")
+    else:
+        params |= {
             "noise": noise,
             "noise_calibration": calibration,
             "max_weight": config.max_weight,
-            "backend": config.backend,
             "episodes": config.episodes,
-            "tasks": config.tasks,
             "policy": config.policy,
             "horizon": config.horizon,
             "starts": config.starts,
             "filter": config.filter,
             "filter_margin": config.filter_margin,
             "filter_tolerance": config.filter_tolerance,
-            **(
-                {"diffusion": config.diffusion.model_dump(mode="json")}
-                if config.backend == "diffusion"
-                else {}
-            ),
-        },
-    )
+        }
+    shard_set = merge_rollout_shards(out, results, params)
     returns = [r for result in results for r in result.episode_returns]
-    metrics: dict[str, Any] = {}
-    if config.backend == "diffusion":
+    metrics: dict[str, Any] = {
+        "policy": config.policy,
+        "noise": noise,
+        "noise_calibration": calibration,
+        "filter": {
+            "kind": config.filter,
+            "margin": config.filter_margin,
+            "tolerance": config.filter_tolerance,
+            **filter_counts(results),
+        },
+        "episode_return": float(np.mean(returns)) if returns else None,
+    }
+    if generated:
         # What generating cost, for a cost record (the training's is the denoiser stage's).
         seconds = sum(r.seconds for r in results)
-        metrics["diffusion"] = {
-            "samples": shard_set.rows,
-            "sample_seconds": seconds,
-            "sample_seconds_per_100k_samples": seconds * PER_100K / max(shard_set.rows, 1),
+        metrics |= {
+            "policy": None,
+            "noise": None,
+            "filter": {"kind": "none", "margin": 0.0, "tolerance": 0.0, "kept": 0, "dropped": 0},
+            "diffusion": {
+                "samples": shard_set.rows,
+                "sample_seconds": seconds,
+                "sample_seconds_per_100k_samples": seconds * PER_100K / max(shard_set.rows, 1),
+            },
         }
     return AugmentedRef(
         directory=shard_set.directory,
@@ -352,17 +366,5 @@ def merge_rollouts(
         manifest_checksum=file_checksum(shard_set.manifest_path),
         weight_stats=dict(shard_set.params["weight_stats"]),
         faults=sum(r.faults for r in results),
-        metrics={
-            "policy": config.policy,
-            "noise": noise,
-            "noise_calibration": calibration,
-            "filter": {
-                "kind": config.filter,
-                "margin": config.filter_margin,
-                "tolerance": config.filter_tolerance,
-                **filter_counts(results),
-            },
-            "episode_return": float(np.mean(returns)) if returns else None,
-            **metrics,
-        },
+        metrics=metrics,
     )

@@ -243,6 +243,8 @@ def test_a_recipe_of_the_diffusion_backend_beside_the_simulator(tmp_path: Path) 
 
 
 def test_a_tiny_run_on_dask_runs_the_planned_stages(make_test_dataset, tmp_path: Path) -> None:
+    """Through the graph on real Dask, with diagnostics (their BC, checks and the report read
+    the generated rows as they read rollouts)."""
     from distributed import Client
 
     from offaug.pipeline.engine.graph import run_workflow
@@ -250,16 +252,23 @@ def test_a_tiny_run_on_dask_runs_the_planned_stages(make_test_dataset, tmp_path:
     dataset = make_test_dataset("hopper", "hdf5").dataset_id
     workflow = _workflow(
         source={"dataset": dataset},
+        bc={"steps": 30, "hidden": [16, 16], "batch_size": 32, "evaluation_episodes": 1},
         rollout={"backend": "diffusion", "tasks": 2, "diffusion": {**TINY, "samples": 300}},
         train={"algorithms": ["bc"], "steps": 20, "configs": {"bc": LEARNERS["bc"]}},
         evaluation={"episodes": 1},
+        diagnostics={"enabled": True, "max_states": 200, "k": 3},
     )
     run_dir = tmp_path / "run"
     with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=":0") as c:
         run_workflow(workflow, run_dir, client=c)
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
     assert {"denoiser", "rollout:0", "rollout:1", "rollout", "train:bc-augmented"} <= set(stages)
-    assert not any(name.startswith("bc") for name in stages)
+    assert {"bc", "diagnose", "report"} <= set(stages)  # the BC is the diagnostics'
     assert stages["rollout:0"]["inputs"] == ["source", "denoiser"]
     assert stages["train:bc-augmented"]["inputs"] == ["source", "rollout"]
     assert ShardSet.open(run_dir / "shards" / "augmented").rows == 300
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    recipe = metrics["recipes"]["augmented"]
+    assert recipe["policy"] == "none" and recipe["noise"] == []
+    assert recipe["rollout_policy_score"] is None and recipe["augmented_rows"] == 300
+    assert metrics["weights"]["ess_fraction"] == 1.0
