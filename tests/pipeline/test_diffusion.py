@@ -190,6 +190,23 @@ def test_the_diffusion_section_is_validated() -> None:
         RolloutModel.model_validate({"backend": "diffusion", "diffusion": {"samples": 3}})
 
 
+def test_a_workflow_file_with_the_diffusion_section_validates(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from offaug.cli import app
+
+    path = tmp_path / "synther.yaml"
+    path.write_text(
+        "name: synther\nsource: {dataset: a/b-v0}\nrollout:\n  backend: diffusion\n"
+        "  diffusion: {width: 2048, blocks: 6, steps: 100000, batch_size: 1024,"
+        " sampler_steps: 128, samples: 1000000, seed: 3}\n"
+    )
+    assert CliRunner().invoke(app, ["validate", str(path)]).exit_code == 0
+    path.write_text(path.read_text().replace("blocks: 6", "blocks: 0"))
+    refused = CliRunner().invoke(app, ["validate", str(path)])
+    assert refused.exit_code == 2 and "rollout.diffusion.blocks" in refused.output
+
+
 def _workflow(**sections: Any) -> Workflow:
     data: dict[str, Any] = {
         "name": "diffusion-test",
