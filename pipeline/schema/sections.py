@@ -250,9 +250,9 @@ class RolloutModel(StrictSection):
     noise_calibration: NoiseCalibrationModel | None = Field(
         None,
         description=(
-            "Choose the Gaussian noise by probe episodes through the filter (needs filter"
-            " 'data' and the simulator backend), e.g. {scales: [0.1, 0.03, 0.01, 0.003]}: a"
-            " policy whose noisy episodes all fall below the data adds nothing after the filter."
+            "Choose the Gaussian noise by probe episodes through the filter (needs a filter"
+            " and the simulator backend), e.g. {scales: [0.1, 0.03, 0.01, 0.003]}: a policy"
+            " whose noisy episodes all fail the filter adds nothing after it."
         ),
     )
     max_weight: float = Field(100.0, gt=0, description="Importance weights are clipped here.")
