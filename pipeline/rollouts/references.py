@@ -9,10 +9,10 @@ still adds only what improves on it:
   too, under the same time limit and horizon; a noisy episode is kept only when its return
   beats that reference's. With ``rollout.rounds`` (train -> roll out -> retrain) this is policy
   iteration on real transitions: each round keeps the perturbations that improved on the
-  current policy, as self-imitation learning keeps the returns that beat the agent's own value
-  estimate (Oh et al. 2018, "Self-Imitation Learning") and reward-filtered regression keeps the
-  samples that beat a baseline (Peters & Schaal 2007, reward-weighted regression; Abdolmaleki
-  et al. 2018, MPO).
+  current policy, judged by simulating the base policy itself as the rollout algorithms of
+  approximate policy iteration do (Bertsekas & Tsitsiklis 1996, "Neuro-Dynamic Programming"),
+  and imitates them as self-imitation learning imitates the returns that beat the agent's own
+  value estimate (Oh et al. 2018, "Self-Imitation Learning").
 * **value**: a branch of L steps from dataset row ``r`` is scored by its discounted return
   plus ``gamma^L V(s_L)`` (no bootstrap after a termination), ``V`` the rollout learner's own
   value (IQL's V, or its critics at its action: :class:`offaug.algorithms.base.StateValue`)
