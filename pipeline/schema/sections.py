@@ -215,20 +215,26 @@ class RolloutModel(StrictSection):
             " dataset action)."
         ),
     )
-    filter: Literal["none", "data"] = Field(
+    filter: Literal["none", "data", "policy", "value"] = Field(
         "none",
         description=(
             "'data': drop augmented episodes that earn less than the data (a branch: the"
             " data's own continuation from its start over as many steps, or the data's mean"
             " reward per step times its length; a reset: the data's mean reward per step, or its"
-            " mean episode return when the episode ended by termination)."
+            " mean episode return when the episode ended by termination). 'policy'"
+            " (self-improvement): keep an episode only when its return beats the noiseless"
+            " policy's from the same start (same reset seed, same dataset state); with rounds,"
+            " policy iteration on real transitions. 'value' (start: dataset, a learner with a"
+            " value as the policy: iql, td3bc, rebrac, cql): keep a branch of L steps only when"
+            " its discounted return plus gamma^L V(s_L) of the learner's own value beats the"
+            " data's discounted return-to-go from its start row. Both need the simulator backend."
         ),
     )
     filter_margin: float = Field(
         0.0,
         description=(
-            "Reward per step an episode may fall short of the data by and still be kept"
-            " (negative: it must beat the data by that much)."
+            "Reward per step an episode may fall short of the data (or its reference) by and"
+            " still be kept (negative: it must beat it by that much)."
         ),
     )
     filter_tolerance: float = Field(
@@ -244,9 +250,9 @@ class RolloutModel(StrictSection):
     noise_calibration: NoiseCalibrationModel | None = Field(
         None,
         description=(
-            "Choose the Gaussian noise by probe episodes through the filter (needs filter"
-            " 'data' and the simulator backend), e.g. {scales: [0.1, 0.03, 0.01, 0.003]}: a"
-            " policy whose noisy episodes all fall below the data adds nothing after the filter."
+            "Choose the Gaussian noise by probe episodes through the filter (needs a filter"
+            " and the simulator backend), e.g. {scales: [0.1, 0.03, 0.01, 0.003]}: a policy"
+            " whose noisy episodes all fail the filter adds nothing after it."
         ),
     )
     max_weight: float = Field(100.0, gt=0, description="Importance weights are clipped here.")
@@ -261,12 +267,13 @@ class RolloutModel(StrictSection):
         if self.backend == "simulator" and self.tasks > self.episodes:
             raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
         if self.noise_calibration is not None and (
-            self.filter != "data" or self.backend != "simulator"
+            self.filter == "none" or self.backend != "simulator"
         ):
             raise ValueError(
-                "noise_calibration needs filter 'data' and backend 'simulator': it keeps the"
-                " largest noise whose episodes the filter keeps"
+                "noise_calibration needs filter 'data', 'policy' or 'value' and backend"
+                " 'simulator': it keeps the largest noise whose episodes the filter keeps"
             )
+        self._check_filter()
         if self.starts == "disagreement" and self.backend != "model":
             raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
         if self.rounds > 1 and self.policy == "bc":
@@ -275,6 +282,25 @@ class RolloutModel(StrictSection):
                 " BC clone is not retrained on augmented data"
             )
         return self
+
+    def _check_filter(self) -> None:
+        """The filters against the policy's own reference: where they can run."""
+        if self.filter in ("policy", "value") and self.backend != "simulator":
+            raise ValueError(
+                f"filter '{self.filter}' needs backend 'simulator': its references are rolled"
+                " out from the same starts in the dataset's simulator"
+            )
+        if self.filter == "value" and self.start != "dataset":
+            raise ValueError(
+                "filter 'value' needs start 'dataset': a branch is compared with the data's"
+                " return-to-go from the row it starts at"
+            )
+        if self.filter == "value":
+            # Lazy: the registry imports torch; a workflow without this filter never pays.
+            from offaug.algorithms.registry import state_value_refusal
+
+            if (refusal := state_value_refusal(self.policy)) is not None:
+                raise ValueError(f"rollout.policy {self.policy!r}: {refusal}")
 
 
 class StateNoiseModel(StrictSection):

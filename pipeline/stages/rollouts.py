@@ -26,6 +26,7 @@ from offaug.pipeline.rollouts.tasks import (
     RolloutTask,
     data_filter,
     filter_counts,
+    filter_references,
     merge_rollout_shards,
     run_rollout_task,
     split_tasks,
@@ -221,7 +222,9 @@ def merge_rollouts(
     The reference's ``metrics``: ``policy`` (``rollout.policy``), ``noise`` (what the tasks
     used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
     without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
-    ``dropped``) and ``episode_return`` (the mean return of the kept episodes, None without any).
+    ``dropped``; for ``policy`` and ``value`` also ``references``, what the episodes were
+    compared with: :func:`~offaug.pipeline.rollouts.tasks.filter_references`) and
+    ``episode_return`` (the mean return of the kept episodes, None without any).
     """
     noise = config.noise.text if calibration is None else str(calibration["noise"])
     shard_set = merge_rollout_shards(
@@ -260,6 +263,7 @@ def merge_rollouts(
                 "margin": config.filter_margin,
                 "tolerance": config.filter_tolerance,
                 **filter_counts(results),
+                "references": filter_references(results),
             },
             "episode_return": float(np.mean(returns)) if returns else None,
         },
