@@ -127,7 +127,7 @@ def _dataset_path(name: str, thin: bool) -> tuple[Path, str]:
     path = resolve_dataset_dir(dataset_id, root)
     if not thin:
         return path, data_fingerprint(data)
-    thin_id = dataset_id.replace("-v0", f"-thin{THIN_SHARE:g}-v0")
+    thin_id = dataset_id.replace("-v0", f"-thin{round(THIN_SHARE * 100)}pc-v0")
     thin_path = resolve_dataset_dir(thin_id, root)
     # With the simulator states it records, so the thin version branches as the full one does.
     full, _ = load_with_states(str(path))
