@@ -94,17 +94,19 @@ def policy_weighting_refusal(name: str, config: Mapping[str, Any] | None = None)
     )
 
 
-def state_value_refusal(name: str) -> str | None:
-    """Why learner ``name`` cannot bootstrap a branch's return, or None when it can.
+def state_value_refusal(name: str, use: str = "filter 'value'") -> str | None:
+    """Why learner ``name`` cannot give ``use`` its value, or None when it can.
 
     ``rollout.filter: value`` adds ``gamma^H V(s_H)`` of the rollout policy's own value
-    (:class:`~offaug.algorithms.base.StateValue`) to a branch's discounted return.
+    (:class:`~offaug.algorithms.base.StateValue`) to a branch's discounted return; MOBILE's
+    penalty (``dynamics.penalty: mobile``) takes the std of ``r + gamma V(s')`` over a dynamics
+    ensemble's members.
     """
     if has_state_value(trainer_type(name)):
         return None
     able = [n for n in ALGORITHMS if has_state_value(trainer_type(n))]
     return (
-        f"filter 'value' needs a rollout policy with a value of its own (V(s), or its critics at"
+        f"{use} needs a rollout policy with a value of its own (V(s), or its critics at"
         f" its action); {name} has none. Use one of: {', '.join(able)}"
     )
 

@@ -127,9 +127,43 @@ class DynamicsModel(StrictSection):
     members: int = Field(7, gt=0, description="Ensemble size.")
     hidden: tuple[int, ...] = Field((200, 200, 200), description="Hidden widths.")
     steps: int = Field(5000, gt=0, description="Training steps.")
-    horizon: int = Field(5, gt=0, description="Model rollout length H.")
-    penalty: float = Field(1.0, ge=0, description="MOPO's lambda.")
+    horizon: int = Field(
+        5,
+        gt=0,
+        description=(
+            "Model rollout length H (rollout.horizon replaces it when set; MOPO and MOBILE use"
+            " 1 to 10)."
+        ),
+    )
+    penalty: Literal["mopo", "mobile"] = Field(
+        "mopo",
+        description=(
+            "The reward penalty: 'mopo', the largest predicted std over members (Yu et al."
+            " 2020); 'mobile', the std over members of the Bellman target r + gamma * V(s')"
+            " (Sun et al. 2023), V the rollout learner's own value (its critics at its action,"
+            " IQL's V), so rollout.policy must be a learner that has one (iql, td3bc, cql)."
+        ),
+    )
+    penalty_coefficient: float = Field(
+        1.0, ge=0, description="Its coefficient: MOPO's lambda, MOBILE's beta."
+    )
+    mobile_samples: int = Field(
+        10, gt=0, description="MOBILE: draws of (s', r) per member averaged in its target."
+    )
     starts: int = Field(1000, gt=0, description="Dataset states to branch from per task.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number_is_mopo(cls, value: Any) -> Any:
+        # Workflows written before there was a choice give MOPO's lambda as the penalty.
+        if isinstance(value, Mapping) and isinstance(value.get("penalty"), (int, float)):
+            value = dict(value)
+            penalty = value.pop("penalty")
+            if isinstance(penalty, bool):
+                raise ValueError(f"penalty is 'mopo' or 'mobile', not {penalty!r}")
+            value.setdefault("penalty_coefficient", float(penalty))
+            value["penalty"] = "mopo"
+        return value
 
 
 class NoiseCalibrationModel(StrictSection):
@@ -274,6 +308,7 @@ class RolloutModel(StrictSection):
                 " 'simulator': it keeps the largest noise whose episodes the filter keeps"
             )
         self._check_filter()
+        self._check_penalty()
         if self.starts == "disagreement" and self.backend != "model":
             raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
         if self.rounds > 1 and self.policy == "bc":
@@ -301,6 +336,18 @@ class RolloutModel(StrictSection):
 
             if (refusal := state_value_refusal(self.policy)) is not None:
                 raise ValueError(f"rollout.policy {self.policy!r}: {refusal}")
+
+    def _check_penalty(self) -> None:
+        """MOBILE's penalty needs V(s') of the rollout policy: a learner with a value."""
+        if self.backend != "model" or self.dynamics.penalty != "mobile":
+            return
+        # Lazy: the registry imports torch; a workflow without MOBILE never pays.
+        from offaug.algorithms.registry import state_value_refusal
+
+        refusal = state_value_refusal(self.policy, use="dynamics.penalty 'mobile'")
+        if refusal is not None:
+            clone = " (the BC clone has no critic)" if self.policy == "bc" else ""
+            raise ValueError(f"rollout.policy {self.policy!r}{clone}: {refusal}")
 
 
 class StateNoiseModel(StrictSection):

@@ -127,6 +127,8 @@ def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed:
             steps=dyn.steps,
             horizon=dyn.horizon,
             penalty=dyn.penalty,
+            penalty_coefficient=dyn.penalty_coefficient,
+            mobile_samples=dyn.mobile_samples,
             seed=seed,
         ),
     )
@@ -147,7 +149,8 @@ def model_rollout_task(
     """One task of model rollouts from dataset states, written as one shard.
 
     Start states are drawn as ``rollout.starts`` says (uniform, sparse, or where the ensemble
-    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`.
+    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`, and its
+    own value is MOBILE's V(s') (``dynamics.penalty: mobile``).
     """
     # torch comes with these: imported when the task runs, not when a worker unpickles stages.
     from offaug.datasets.shards import write_shard
@@ -156,7 +159,7 @@ def model_rollout_task(
 
     original = load_transitions(data.source)
     model = load_dynamics(dynamics.path)
-    model = _with_seed(model, seed * 1000 + task_index)
+    model = _for_task(model, config, seed * 1000 + task_index)
     rng = np.random.default_rng(seed * 1000 + task_index)
     probabilities = None
     if config.starts == "sparse":
@@ -167,6 +170,11 @@ def model_rollout_task(
     rows = rng.choice(len(original), size=config.dynamics.starts, p=probabilities)
     starts = np.asarray(original.observations[rows])
     policy = load_rollout_policy(bc.path, None if policy_model is None else policy_model.path)
+    value = None
+    if config.dynamics.penalty == "mobile":
+        if policy_model is None:
+            raise ValueError("dynamics.penalty 'mobile' needs a learner as rollout.policy")
+        value = policy.discounted_value()
     meta = {
         **data.meta,
         "provenance": {
@@ -190,6 +198,7 @@ def model_rollout_task(
         horizon=config.horizon,
         start_rows=rows.astype(np.int64),
         episode_filter=data_filter(original, config),
+        value=value,
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
@@ -206,8 +215,16 @@ def model_rollout_task(
     )
 
 
-def _with_seed(model: Any, seed: int) -> Any:
-    model.config = dataclasses.replace(model.config, seed=seed)
+def _for_task(model: Any, config: RolloutModel, seed: int) -> Any:
+    # The penalty is the workflow's, whichever settings the ensemble was trained with.
+    dyn = config.dynamics
+    model.config = dataclasses.replace(
+        model.config,
+        seed=seed,
+        penalty=dyn.penalty,
+        penalty_coefficient=dyn.penalty_coefficient,
+        mobile_samples=dyn.mobile_samples,
+    )
     return model
 
 
