@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,7 @@ from offaug.pipeline.diagnostics.quality_document import (
     EpisodeReturns,
     ErrorSummary,
     Novelty,
+    OODShare,
     QualityReport,
     RewardError,
     StateCheck,
@@ -103,7 +104,9 @@ def quality_report(
     """
     settings = settings or QualitySettings()
     rng = np.random.default_rng(settings.seed)
-    reward_column = "raw_reward" if "raw_reward" in augmented.extras else "rewards"
+    reward_column: Literal["raw_reward", "rewards"] = (
+        "raw_reward" if "raw_reward" in augmented.extras else "rewards"
+    )
     augmented_rewards = np.asarray(
         augmented.extras["raw_reward"] if reward_column == "raw_reward" else augmented.rewards,
         dtype=np.float64,
@@ -127,7 +130,7 @@ def quality_report(
             if reward_std > 0
             else None,
         }
-    ood = None
+    ood: OODShare | None = None
     if len(augmented) and len(source) > settings.k:
         coverage = state_coverage(
             source.observations,
@@ -295,9 +298,13 @@ def novelty(
     unit = float(np.median(own[:, 1]))
     distances, _ = tree.query((queries - mean) / std, k=1)
     scaled = np.asarray(distances, dtype=np.float64) / (unit if unit > 0 else 1.0)
+    summary = _summary(scaled)
     return {
         "unit": unit,
-        **_summary(scaled),
+        "mean": summary["mean"],
+        "median": summary["median"],
+        "p95": summary["p95"],
+        "max": summary["max"],
         "share_above_one": float(np.mean(scaled > 1.0)),
     }
 

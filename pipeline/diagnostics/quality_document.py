@@ -32,7 +32,7 @@ class StateCheck(TypedDict):
 
 
 class ErrorSummary(TypedDict):
-    """A per-row error over the checked rows."""
+    """A per-row error over the checked rows: its mean, median, 95th percentile and maximum."""
 
     mean: float
     median: float
@@ -57,6 +57,7 @@ class Novelty(TypedDict):
     mean: float
     median: float
     p95: float
+    max: float
     share_above_one: float
     """Share of augmented transitions farther from the data than the unit."""
 
