@@ -506,9 +506,14 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
     # One noise per seed (the rollout default, uncalibrated); no filter, so no kept counts.
     assert recipe["noise"] == [workflow.rollout.noise.text] * 2 and not recipe["calibrated"]
     assert recipe["episodes_kept"] is None
+    # Beside the verdict, the quality of the recipe's rollouts: simulator rollouts of Hopper
+    # replay in the env from states rebuilt from their observations.
+    quality = recipe["quality"]["simulator"]
+    assert quality["state"]["kind"] == "rebuilt" and quality["dynamics_error"]["max"] < 1e-4
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert page.index("<h2>Does augmentation help?</h2>") < page.index("<h2>Headline</h2>")
     assert "bc with mixed" in page
+    assert "<td>mixed</td><td>simulator</td><td>rebuilt</td>" in page
 
 
 @pytest.mark.slow
