@@ -367,7 +367,7 @@ def model_rollout(
     if config.penalty == "mobile" and value is None:
         raise ValueError(
             "MOBILE's penalty needs a value function: roll out a learner with a value of its"
-            " own (rollout.policy iql, td3bc or cql)"
+            " own (rollout.policy iql, td3bc, cql or rebrac)"
         )
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator().manual_seed(config.seed)

@@ -141,7 +141,7 @@ class DynamicsModel(StrictSection):
             "The reward penalty: 'mopo', the largest predicted std over members (Yu et al."
             " 2020); 'mobile', the std over members of the Bellman target r + gamma * V(s')"
             " (Sun et al. 2023), V the rollout learner's own value (its critics at its action,"
-            " IQL's V), so rollout.policy must be a learner that has one (iql, td3bc, cql)."
+            " IQL's V), so rollout.policy must be a learner that has one (iql, td3bc, cql, rebrac)."
         ),
     )
     penalty_coefficient: float = Field(

@@ -248,8 +248,8 @@ def test_mobile_needs_a_learner_with_a_value_as_the_rollout_policy(tmp_path: Pat
     rollout: dict[str, Any] = {"backend": "model", "dynamics": {"penalty": "mobile"}}
     with pytest.raises(WorkflowError, match=r"the BC clone has no critic.*'mobile' needs"):
         load_workflow(_workflow(tmp_path, rollout))
-    with pytest.raises(WorkflowError, match=r"rebrac.*Use one of: .*td3bc"):
-        load_workflow(_workflow(tmp_path, {**rollout, "policy": "rebrac"}))
+    with pytest.raises(WorkflowError, match=r"bcq.*Use one of: .*td3bc"):
+        load_workflow(_workflow(tmp_path, {**rollout, "policy": "bcq"}))
     workflow = load_workflow(_workflow(tmp_path, {**rollout, "policy": "td3bc"}))
     assert workflow.rollout.dynamics.penalty == "mobile"
 
