@@ -121,31 +121,6 @@ def quality_report(
         settings,
         rng,
     )
-    reward_std = float(source_rewards.std()) if len(source_rewards) else 0.0
-    reward_error: RewardError | None = None
-    if stepped.reward_errors.size:
-        reward_error = {
-            **_summary(stepped.reward_errors),
-            "relative": float(stepped.reward_errors.mean()) / reward_std
-            if reward_std > 0
-            else None,
-        }
-    ood: OODShare | None = None
-    if len(augmented) and len(source) > settings.k:
-        coverage = state_coverage(
-            source.observations,
-            augmented.observations,
-            k=settings.k,
-            quantile=settings.quantile,
-            max_states=settings.max_states,
-            rng=rng,
-        )
-        ood = {
-            "share": coverage["ood_fraction"],
-            "k": settings.k,
-            "quantile": settings.quantile,
-            "threshold": coverage["threshold"],
-        }
     report: QualityReport = {
         "rows": len(augmented),
         "source_rows": len(source),
@@ -153,12 +128,12 @@ def quality_report(
         "dynamics_error": _summary(stepped.next_state_errors)
         if stepped.next_state_errors.size
         else None,
-        "reward_error": reward_error,
+        "reward_error": _reward_error(stepped.reward_errors, source_rewards),
         "terminal_mismatch": float(stepped.terminal_mismatch.mean())
         if stepped.terminal_mismatch.size
         else None,
         "novelty": novelty(augmented, source, settings.max_states, rng),
-        "ood": ood,
+        "ood": ood_share(augmented, source, settings, rng),
         "terminal_rate": {
             "augmented": _share(augmented.terminals),
             "source": _share(source.terminals),
@@ -254,6 +229,39 @@ def _step_rows(
     return _Stepped(
         state, np.asarray(next_errors), np.asarray(reward_errors), np.asarray(mismatches, bool)
     )
+
+
+def ood_share(
+    augmented: Transitions,
+    source: Transitions,
+    settings: QualitySettings,
+    rng: np.random.Generator,
+) -> OODShare | None:
+    """The coverage check's OOD share of the augmented states (None with too few rows)."""
+    if len(augmented) == 0 or len(source) <= settings.k:
+        return None
+    coverage = state_coverage(
+        source.observations,
+        augmented.observations,
+        k=settings.k,
+        quantile=settings.quantile,
+        max_states=settings.max_states,
+        rng=rng,
+    )
+    return {
+        "share": coverage["ood_fraction"],
+        "k": settings.k,
+        "quantile": settings.quantile,
+        "threshold": coverage["threshold"],
+    }
+
+
+def _reward_error(errors: FloatArray, source_rewards: FloatArray) -> RewardError | None:
+    if not errors.size:
+        return None
+    reward_std = float(source_rewards.std()) if len(source_rewards) else 0.0
+    relative = float(errors.mean()) / reward_std if reward_std > 0 else None
+    return {**_summary(errors), "relative": relative}
 
 
 def transition_features(
