@@ -28,6 +28,7 @@ from offaug.pipeline.rollouts.tasks import (
     RolloutTask,
     data_filter,
     filter_counts,
+    filter_references,
     merge_rollout_shards,
     run_rollout_task,
     split_tasks,
@@ -128,6 +129,8 @@ def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed:
             steps=dyn.steps,
             horizon=dyn.horizon,
             penalty=dyn.penalty,
+            penalty_coefficient=dyn.penalty_coefficient,
+            mobile_samples=dyn.mobile_samples,
             seed=seed,
         ),
     )
@@ -148,7 +151,8 @@ def model_rollout_task(
     """One task of model rollouts from dataset states, written as one shard.
 
     Start states are drawn as ``rollout.starts`` says (uniform, sparse, or where the ensemble
-    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`.
+    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`, and its
+    own value is MOBILE's V(s') (``dynamics.penalty: mobile``).
     """
     # torch comes with these: imported when the task runs, not when a worker unpickles stages.
     from offaug.datasets.shards import write_shard
@@ -157,7 +161,7 @@ def model_rollout_task(
 
     original = load_transitions(data.source)
     model = load_dynamics(dynamics.path)
-    model = _with_seed(model, seed * 1000 + task_index)
+    model = _for_task(model, config, seed * 1000 + task_index)
     rng = np.random.default_rng(seed * 1000 + task_index)
     probabilities = None
     if config.starts == "sparse":
@@ -168,6 +172,11 @@ def model_rollout_task(
     rows = rng.choice(len(original), size=config.dynamics.starts, p=probabilities)
     starts = np.asarray(original.observations[rows])
     policy = load_rollout_policy(bc.path, None if policy_model is None else policy_model.path)
+    value = None
+    if config.dynamics.penalty == "mobile":
+        if policy_model is None:
+            raise ValueError("dynamics.penalty 'mobile' needs a learner as rollout.policy")
+        value = policy.discounted_value()
     meta = {
         **data.meta,
         "provenance": {
@@ -191,6 +200,7 @@ def model_rollout_task(
         horizon=config.horizon,
         start_rows=rows.astype(np.int64),
         episode_filter=data_filter(original, config),
+        value=value,
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
@@ -292,8 +302,16 @@ def diffusion_sample_task(
     return RolloutShard(ref, {}, 0, (), seconds=seconds)
 
 
-def _with_seed(model: Any, seed: int) -> Any:
-    model.config = dataclasses.replace(model.config, seed=seed)
+def _for_task(model: Any, config: RolloutModel, seed: int) -> Any:
+    # The penalty is the workflow's, whichever settings the ensemble was trained with.
+    dyn = config.dynamics
+    model.config = dataclasses.replace(
+        model.config,
+        seed=seed,
+        penalty=dyn.penalty,
+        penalty_coefficient=dyn.penalty_coefficient,
+        mobile_samples=dyn.mobile_samples,
+    )
     return model
 
 
@@ -308,7 +326,9 @@ def merge_rollouts(
     The reference's ``metrics``: ``policy`` (``rollout.policy``), ``noise`` (what the tasks
     used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
     without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
-    ``dropped``) and ``episode_return`` (the mean return of the kept episodes, None without any).
+    ``dropped``; for ``policy`` and ``value`` also ``references``, what the episodes were
+    compared with: :func:`~offaug.pipeline.rollouts.tasks.filter_references`) and
+    ``episode_return`` (the mean return of the kept episodes, None without any).
     Generated transitions (backend ``diffusion``) have no policy, noise, filter or episode
     return (None, and filter kind ``none``); their ``diffusion`` entry holds the ``samples``,
     the tasks' ``sample_seconds`` and ``sample_seconds_per_100k_samples``.
@@ -342,6 +362,7 @@ def merge_rollouts(
             "margin": config.filter_margin,
             "tolerance": config.filter_tolerance,
             **filter_counts(results),
+            "references": filter_references(results),
         },
         "episode_return": float(np.mean(returns)) if returns else None,
     }
@@ -351,7 +372,14 @@ def merge_rollouts(
         metrics |= {
             "policy": None,
             "noise": None,
-            "filter": {"kind": "none", "margin": 0.0, "tolerance": 0.0, "kept": 0, "dropped": 0},
+            "filter": {
+                "kind": "none",
+                "margin": 0.0,
+                "tolerance": 0.0,
+                "kept": 0,
+                "dropped": 0,
+                "references": None,
+            },
             "diffusion": {
                 "samples": shard_set.rows,
                 "sample_seconds": seconds,
