@@ -218,7 +218,7 @@ def train_fused(
             },
         )
     scores = reference_scores(meta, options.env_id)
-    envs = [make_env(meta, options.env_id) for _ in seeds] if options.eval_every > 0 else []
+    envs = [make_env(meta, options.env_id) for _ in seeds] if options.evaluates else []
     last: list[EvaluationResult | None] = [None] * len(seeds)
     device = fused.device
     pending: list[dict[str, torch.Tensor]] = []
