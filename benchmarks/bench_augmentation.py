@@ -54,12 +54,12 @@ MUJOCO_CQL = {
 """CQL(H) with a fixed penalty weight, and an entropy temperature and actor rate that let a run
 of 10,000 steps move: at d3rlpy's defaults (Lagrange gap 10, temperature 1, actor rate 1e-4) CQL
 on Hopper-v5 medium stays at the score of a policy that falls at once for 8,000 steps, and at the
-paper's weight 5 it often falls back there by the last step (docs/performance.md)."""
+paper's weight 5 it often falls back there by the last step (benchmarks/LOG.md)."""
 
 MUJOCO_CQL_NORMALISED = {**MUJOCO_CQL, "normalise_observations": True}
 """The same with observations standardised by the data's mean and std (d3rlpy's
 ``observation_scaler="standard"``): on the expert-narrow set, whose 11 episodes cover little,
-raw-observation CQL ends far below the data (docs/performance.md)."""
+raw-observation CQL ends far below the data (benchmarks/LOG.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ DATASETS: dict[str, BenchDataset] = {
     # 300,000 SAC steps: after 100,000 the current SAC's "expert" returned 638 (its data 675, a
     # third of Hopper's medium level in D4RL); after 300,000 it returns 990 (its data 1,197).
     # 30,000 gradient steps: at 10,000 plain CQL's Q on the data was still climbing steadily,
-    # far below the data's returns, and its policies far below the data (docs/performance.md).
+    # far below the data's returns, and its policies far below the data (benchmarks/LOG.md).
     "hopper-expert-narrow": BenchDataset(
         "Hopper-v5", "expert", 300_000, 10_000, 30_000, {"cql": MUJOCO_CQL_NORMALISED}
     ),
@@ -122,7 +122,7 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     # The same with three times the rollout budget: on the expert set the filter kept 779-4,439
     # of TD3+BC's 10,000 rollout rows (a twelfth to under half the data's 10,034), so the
-    # augmented half of every batch repeats few episodes (docs/performance.md).
+    # augmented half of every batch repeats few episodes (benchmarks/LOG.md).
     "td3bc-reset-0.1-30k": (
         {
             "start": "reset",
@@ -135,7 +135,7 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     # TD3+BC's rollouts under a third of the noise: at 30,000 steps its plain runs beat the
     # expert-narrow data (31-63 against 37.4) but under noise 0.1 fell before earning the
-    # data's return, so the filter kept 0-2 of 84 episodes (docs/performance.md).
+    # data's return, so the filter kept 0-2 of 84 episodes (benchmarks/LOG.md).
     "td3bc-reset-0.03-30k": (
         {
             "start": "reset",
@@ -150,7 +150,7 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # no noise TD3+BC's reset episodes on seed 2 returned 1,390-2,007 (all above the data's
     # 1,197), under 0.03 they fell at 990 (1 of 84 kept, and that one episode in half of every
     # batch took CQL from 32.3 to 11.5), under 0.01 10 of 16 passed and under 0.003 all 16
-    # (one-off probe of 16 episodes, docs/performance.md).
+    # (one-off probe of 16 episodes, benchmarks/LOG.md).
     **{
         f"td3bc-reset-{sigma}-30k-rows": (
             {
@@ -179,7 +179,7 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # Both with the filter forgiving a fifth of the data's return: on seeds 3, 4 and 7 TD3+BC's
     # plain run earns 1,000-1,060 against the data's 1,197, so the strict filter kept none of
     # its episodes under 0.01, while the same episodes unfiltered took CQL from 12.9 to 31.8,
-    # 35.1 to 46.1 and 11.1 to 30.1 (docs/performance.md).
+    # 35.1 to 46.1 and 11.1 to 30.1 (benchmarks/LOG.md).
     **{
         f"td3bc-reset-{name}-30k-rows-tol0.2": (
             {
@@ -203,7 +203,7 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # The same rollouts unfiltered: on the seeds where TD3+BC's plain run scores below the
     # data (31-34 against 37.4) the filter kept nothing, yet those runs score two to three
     # times what plain CQL does on the same seeds (11-13), so their episodes are better than
-    # what CQL learns from the data alone (docs/performance.md).
+    # what CQL learns from the data alone (benchmarks/LOG.md).
     "td3bc-reset-0.01-30k-unfiltered": (
         {
             "start": "reset",
@@ -216,7 +216,7 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # TD3+BC's rollouts with the policy trained three times the dataset's budget on the data
     # alone: on HalfCheetah-v5 medium TD3+BC earns 888-890 after 30,000 steps against the data's
     # 601, but 278-658 after the benchmark's 10,000 (probes on seeds 100-101,
-    # docs/performance.md). Every learner trained on the rollouts keeps the dataset's budget.
+    # benchmarks/LOG.md). Every learner trained on the rollouts keeps the dataset's budget.
     "td3bc30k-reset-calibrated-30k-rows": (
         {
             "start": "reset",

@@ -94,7 +94,7 @@ class TrainOptions:
     """Torch CPU threads (1 inside Dask workers)."""
     compile: bool = False
     """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss, after a few
-    seconds of compiling; figures in ``docs/performance.md``); other learners train as without
+    seconds of compiling; figures in ``benchmarks/RESULTS.md``); other learners train as without
     it."""
     seeds: tuple[int, ...] | None = None
     """Several seeds trained together as one fused run (:func:`offaug.algorithms.fused.train.
