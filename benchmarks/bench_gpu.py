@@ -1,6 +1,6 @@
 """CQL's pace on a GPU: gradient steps per second at 3x256 networks, and minutes per 1M steps.
 
-Issue 3's GPU item: time 100k CQL steps at 3x256 hidden units and report the pace per 1M steps (goal
+The GPU goal: time 100k CQL steps at 3x256 hidden units and report the pace per 1M steps (goal
 under 30 minutes; CORL's PyTorch CQL takes 11.5 h per 1M steps on a GTX 1080 Ti, JAX-CORL 56 min).
 offaug's CQL (CQL(H), its defaults, batch 256) trains as ``offaug train cql --device cuda`` does:
 ``TorchBatch.from_batch(MixtureSampler.sample(), device)`` + ``trainer.update`` on transitions with
@@ -12,7 +12,7 @@ the gap is what sampling and copying cost a step. The baseline, in the same proc
 CQL at the same sizes on the same device when d3rlpy is importable, else offaug's own CQL on one CPU
 thread.
 
-Made to be run as one prepared command on a lent GPU machine (see README, Performance); it
+Made to be run as one prepared command on a lent GPU machine (docs/performance.md, GPU); it
 also runs on a CPU (``--device cpu``), which is how the test suite keeps it working.
 It needs only torch, numpy, pyarrow, xxhash and gymnasium: run from a checkout that is not
 installed, it imports offaug from the source folders through a temporary package link.

@@ -72,20 +72,21 @@ def _dataset(env_id: str, level: str, train_steps: int, steps: int) -> Any:
 
             make_dataset(env_id, dataset_id, steps=steps, root=root, overwrite=True)
         else:
-            from offaug.algorithms.online.levels import make_level_dataset, small_sac_config
+            from offaug.algorithms.online.levels import (
+                LevelConfig,
+                make_level_dataset,
+                small_sac_config,
+            )
 
-            config = small_sac_config(HIDDEN)
-            make_level_dataset(
+            config = LevelConfig(
                 env_id,
-                dataset_id,
-                level,
+                level,  # type: ignore[arg-type]
                 train_steps=train_steps,
                 steps=steps,
-                root=root,
-                overwrite=True,
-                config=config,
+                sac=small_sac_config(HIDDEN),
                 threads=1,
-            )  # type: ignore[arg-type]
+            )
+            make_level_dataset(config, dataset_id, root=root, overwrite=True)
     return load_transitions(resolve_dataset_dir(dataset_id, root), cache=False)
 
 

@@ -189,24 +189,6 @@ def met(record: dict[str, Any]) -> bool | None:
     return ratio >= goal
 
 
-TABLE_START = "<!-- performance-table:start -->"
-TABLE_END = "<!-- performance-table:end -->"
-
-
-def update_docs_table(report: dict[str, Any], page: Path) -> bool:
-    """Replace the performance table of a docs page (between its markers) with this report's."""
-    if not page.is_file():
-        return False
-    text = page.read_text()
-    if TABLE_START not in text or TABLE_END not in text:
-        return False
-    table = markdown(report).split("\n", 2)[2].strip()  # drop the RESULTS.md title
-    before, rest = text.split(TABLE_START, 1)
-    _, after = rest.split(TABLE_END, 1)
-    write_atomic(page, f"{before}{TABLE_START}\n{table}\n{TABLE_END}{after}")
-    return True
-
-
 def markdown(report: dict[str, Any]) -> str:
     """The RESULTS.md table generated from a results.json report."""
     machine = report["machine"]
@@ -381,8 +363,6 @@ def main(argv: list[str] | None = None) -> int:
         report["scripts"] = {**previous.get("scripts", {}), **report["scripts"]}
     write_atomic(args.output, json.dumps(report, indent=2) + "\n")
     write_atomic(args.markdown, markdown(report))
-    if not args.quick and update_docs_table(report, BENCH_DIR.parent / "docs" / "performance.md"):
-        log("updated the performance table in docs/performance.md")
     log(f"wrote {args.output} and {args.markdown}")
     if failures:
         log(f"failed: {', '.join(str(f['script']) for f in failures)}")

@@ -5,6 +5,11 @@ Tests, benchmarks and the quickstart build their datasets here, through Minari's
 environments also record the simulator state (``infos/qpos``, ``infos/qvel``, one row per
 observation), and classic-control environments their ``unwrapped.state`` (``infos/state``, e.g.
 Pendulum's [theta, thetadot]), so that rollouts can later branch from dataset states.
+
+:func:`make_dataset` runs the uniform random policy. The D4RL levels made by a trained policy
+(SAC's medium, expert and medium-replay) are
+:func:`offaug.algorithms.online.levels.make_level_dataset`'s, which collects and writes through
+:func:`collect_episodes` and :func:`write_with_minari` here.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "GeneratedDataset",
     "Policy",
     "StorageFormat",
+    "check_dataset_id",
     "collect_episodes",
     "d4rl_reference_scores",
     "make_dataset",
@@ -54,6 +60,19 @@ _D4RL_ENV_NAMES = {
     "Ant": "ant",
 }
 _DATASET_ID = re.compile(r"^(?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_.\-]+-v\d+$")
+
+
+def check_dataset_id(dataset_id: str) -> None:
+    """Refuse an id that is not Minari's ``[namespace/]name-vK`` (or climbs out of the root).
+
+    Raises:
+        DataError: naming the id.
+    """
+    if not _DATASET_ID.match(dataset_id) or ".." in dataset_id.split("/"):
+        raise DataError(
+            "dataset id must look like [namespace/]name-vK (letters, digits, '_', '.', '-')",
+            field=f"dataset_id={dataset_id!r}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +244,10 @@ def make_dataset(
     Args:
         env_id: Gymnasium environment id (``Hopper-v5``, ``CartPole-v1``, ``offaug/PointGoal-v0``).
         dataset_id: Minari id, ``[namespace/]name-vK``.
-        policy: ``"random"``; trained-policy checkpoints come with offaug's algorithms.
+        policy: ``"random"``, the only policy this function runs. Data from a trained policy
+            (D4RL's medium, expert and medium-replay levels, made with SAC) is
+            :func:`offaug.algorithms.online.levels.make_level_dataset`'s
+            (``offaug make-dataset --policy sac``).
         steps: Collect at least this many steps (whole episodes).
         episodes: Or exactly this many episodes.
         data_format: Minari storage, ``hdf5`` or ``arrow``.
@@ -235,11 +257,7 @@ def make_dataset(
         overwrite: Replace an existing dataset with this id.
         env_kwargs: Extra keyword arguments for ``gymnasium.make``.
     """
-    if not _DATASET_ID.match(dataset_id) or ".." in dataset_id.split("/"):
-        raise DataError(
-            "dataset id must look like [namespace/]name-vK (letters, digits, '_', '.', '-')",
-            field=f"dataset_id={dataset_id!r}",
-        )
+    check_dataset_id(dataset_id)
     storage_backend(data_format)  # refuses an unknown format before any work
     register_envs()
     datasets_root = dataset_root(root)
@@ -249,9 +267,10 @@ def make_dataset(
     env = gym.make(env_id, max_episode_steps=max_episode_steps, **(env_kwargs or {}))
     if policy != "random":
         raise DataError(
-            "only the random policy is available until offaug's algorithms can save policies",
+            "make_dataset runs the random policy only; a SAC-trained level (medium, expert, "
+            "medium-replay) is made by offaug.algorithms.online.levels.make_level_dataset",
             field=f"policy={policy!r}",
-            hint="use --policy random",
+            hint="use --policy random, or --policy sac --level LEVEL",
         )
     buffers = collect_episodes(env, _random_policy(env), steps=steps, episodes=episodes, seed=seed)
     scores = d4rl_reference_scores(env_id)

@@ -11,7 +11,7 @@ with one vectorised gather (:func:`offaug.datasets.layout.transition_rows`):
 
 so a next observation always comes from its own episode. The result equals
 ``minari.iterate_episodes`` (after the dtype casts of the contract) episode by episode.
-Datasets with many episodes are split over reader processes.
+HDF5 datasets with many episodes are split over reader processes.
 """
 
 from __future__ import annotations
@@ -136,11 +136,14 @@ def _read_all(
     info_keys: Sequence[str],
     workers: int,
 ) -> EpisodeArrays:
-    """Read every episode, split over ``workers`` processes when the dataset is large enough."""
-    storage_backend(data_format).check(data_dir)
+    """Read every episode, split over ``workers`` processes when the dataset is large enough
+    and its format gains from it (``StorageBackend.reads_in_processes``)."""
+    backend = storage_backend(data_format)
+    backend.check(data_dir)
     args = (data_format, str(data_dir))
     if (
-        workers <= 1
+        not backend.reads_in_processes
+        or workers <= 1
         or len(episode_ids) < _PARALLEL_MIN_EPISODES
         # Daemonic processes (Dask workers, pool workers) may not start children.
         or multiprocessing.current_process().daemon
@@ -185,7 +188,7 @@ def read_minari_dir(
     Args:
         path: The dataset directory (holding ``data/``) or its ``data/`` folder.
         workers: Processes for HDF5 reading (default: one per core, used only for datasets
-            large enough to pay for them).
+            large enough to pay for them; Arrow is read in one process).
         info_keys: Per-observation ``infos`` arrays (N+1 rows per episode, e.g. ``qpos``) to
             carry as ``extras["infos/KEY"]``, aligned with ``observations``.
         check_finite: Refuse NaN/inf observations and rewards.

@@ -116,7 +116,9 @@ def info_columns(infos: Sequence[PartInfo]) -> list[InfoColumn]:
             columns.append(InfoColumn(name, name, _OPTIONAL_DTYPES[name], (), _MISSING_FILL[name]))
     # Extras are published when every part has them and they are named infos/KEY; others
     # (derived columns such as a rollout's per-decision weights, which can be recomputed
-    # from the published log-probabilities) are left out, and said so in the log.
+    # from the published log-probabilities) are left out by design, so the note is a debug
+    # line, not a warning on the user's console; what was written is in the published
+    # metadata (``offaug.info_columns``).
     shared = [name for name in infos[0].extras if all(name in info.extras for info in infos)]
     skipped = sorted({n for info in infos for n in info.extras} - set(shared))
     taken = {c.key for c in columns}
@@ -128,7 +130,7 @@ def info_columns(infos: Sequence[PartInfo]) -> list[InfoColumn]:
             continue
         extras.append(name)
     if skipped:
-        logger.warning(
+        logger.debug(
             "extras not published (not in every part, or not named infos/KEY): %s", skipped
         )
     for name in extras:

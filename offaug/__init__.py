@@ -1,8 +1,10 @@
 """offaug: offline reinforcement-learning data augmentation.
 
 The code lives in three sub-packages, one per top-level folder of the repository:
-``offaug.datasets`` (loading, shards, sampling), ``offaug.algorithms`` (BC, CQL, BCQ) and
-``offaug.pipeline`` (stages and the Dask graph).
+``offaug.datasets`` (loading, shards, sampling, dataset generation), ``offaug.algorithms``
+(the offline learners BC, CQL, BCQ, IQL, TD3+BC, ReBRAC and SAC, discrete CQL and BCQ, their
+training loops, and online SAC for D4RL-style dataset levels) and ``offaug.pipeline`` (the
+workflow's stages, the Dask graph that runs them, diagnostics and the report).
 """
 
 from importlib.metadata import PackageNotFoundError, version

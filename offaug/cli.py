@@ -26,8 +26,10 @@ app = typer.Typer(
     name="offaug",
     help=(
         "Offline RL data augmentation: load Minari and D4RL datasets, roll a BC policy out with "
-        "noise and importance weights, train CQL, BCQ and BC, diagnose distribution shift and "
-        "publish the result as a Minari dataset; `offaug run WORKFLOW` does it all on Dask."
+        "noise and importance weights, train offline learners (BC, CQL, BCQ, IQL, TD3+BC, "
+        "ReBRAC, SAC; CQL and BCQ for discrete actions too), diagnose distribution shift and "
+        "publish the result as a Minari dataset; `offaug run WORKFLOW` does it all on Dask and "
+        "says whether augmentation helped."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -37,6 +39,10 @@ app.command("make-dataset")(cli_data.make_dataset)
 app.command("inspect")(cli_data.inspect)
 app.command("shard")(cli_data.shard)
 app.command("verify")(cli_data.verify)
+
+
+# What `offaug train` prints in place of the final return when it evaluated nothing.
+_NOT_EVALUATED = "not evaluated (--eval-every 0 or --eval-episodes 0): no return or score"
 
 
 class WeightingKind(str, Enum):
@@ -91,8 +97,12 @@ def train_command(
             " gaussian or uniform and SCALE in units of each dimension's std, e.g. gaussian:0.003.",
         ),
     ] = None,
-    eval_every: Annotated[int, typer.Option(help="Steps between evaluations (0: none).")] = 5000,
-    eval_episodes: Annotated[int, typer.Option(help="Episodes per evaluation.")] = 5,
+    eval_every: Annotated[
+        int, typer.Option(min=0, help="Steps between evaluations (0: none, no env needed).")
+    ] = 5000,
+    eval_episodes: Annotated[
+        int, typer.Option(min=0, help="Episodes per evaluation (0: none, no env needed).")
+    ] = 5,
     env: Annotated[
         str | None, typer.Option(help="Evaluate in this env id instead of the dataset's.")
     ] = None,
@@ -179,6 +189,8 @@ def train_command(
             else ""
         )
         console.print(f"final return {evaluation.mean_return:.1f}{score}")
+    elif not options.evaluates:
+        console.print(_NOT_EVALUATED)
     console.print(f"checkpoint: {result.checkpoint}")
 
 
@@ -209,6 +221,8 @@ def _train_seeds(
             ),
             ValueError,
         )
+    if not options.evaluates:
+        console.print(_NOT_EVALUATED)
     for seed, run in zip(options.seeds, result.runs, strict=True):
         evaluation = run.last_evaluation
         line = f"seed {seed}: checkpoint {run.checkpoint}"

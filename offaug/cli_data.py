@@ -48,7 +48,7 @@ def make_dataset(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing dataset.")] = False,
 ) -> None:
     """Generate a real Minari dataset by running a policy in a Gymnasium environment."""
-    from offaug.algorithms.online.levels import make_level_dataset
+    from offaug.algorithms.online.levels import LevelConfig, make_level_dataset
     from offaug.datasets.generate import make_dataset
 
     if policy == "sac":
@@ -57,16 +57,18 @@ def make_dataset(
         with console.status(f"training SAC on {env_id} for the {level} level"):
             made = guard(
                 lambda: make_level_dataset(
-                    env_id,
+                    LevelConfig(
+                        env_id,
+                        level,  # type: ignore[arg-type]  # LevelConfig refuses other levels
+                        train_steps=train_steps,
+                        steps=steps,
+                        seed=seed,
+                        max_episode_steps=max_episode_steps,
+                    ),
                     dataset_id,
-                    level,  # type: ignore[arg-type]
-                    train_steps=train_steps,
-                    steps=steps,
-                    seed=seed,
                     data_format=data_format.value,
                     root=root,
                     overwrite=overwrite,
-                    max_episode_steps=max_episode_steps,
                 )
             )
         console.print(

@@ -127,6 +127,40 @@ def test_train_weights_and_state_noise_reach_the_run(make_test_dataset, tmp_path
     assert options["state_noise"] == {"kind": "uniform", "scale": 0.01}
 
 
+def test_train_without_evaluation_needs_no_environment(make_test_dataset, tmp_path: Path) -> None:
+    """A shard set that records no environment trains with --eval-episodes 0 and the CLI says
+    nothing was evaluated; with evaluations it still asks for --env."""
+    import dataclasses
+
+    from offaug.datasets import load_transitions, write_shard_set
+
+    data = load_transitions(make_test_dataset("hopper", "hdf5").dataset_id)
+    meta = {k: v for k, v in data.meta.items() if k not in ("env_spec", "eval_env_spec")}
+    shards = tmp_path / "no-env"
+    write_shard_set(dataclasses.replace(data, meta=meta), shards)
+    config = tmp_path / "bc.yaml"
+    config.write_text("hidden: [16, 16]\nbatch_size: 16\n")
+    args = ["train", "bc", str(shards), "--steps", "4", "--log-every", "2", "--config", str(config)]
+
+    trained = runner.invoke(app, [*args, "--eval-episodes", "0", "--out", str(tmp_path / "run")])
+    assert trained.exit_code == 0, trained.output
+    assert "not evaluated" in trained.output
+    assert "nan" not in trained.output and "final return" not in trained.output
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["kind"] for line in lines] == ["train", "train"]
+
+    fused = runner.invoke(
+        app, [*args, "--eval-episodes", "0", "--seeds", "0,1", "--out", str(tmp_path / "fused")]
+    )
+    assert fused.exit_code == 0, fused.output
+    assert "not evaluated" in fused.output and "final return" not in fused.output
+
+    evaluated = runner.invoke(app, [*args, "--eval-every", "2", "--out", str(tmp_path / "eval")])
+    assert evaluated.exit_code != 0
+    assert "--env" in evaluated.output
+
+
 def test_make_dataset_refuses_an_existing_id(minari_root: Path) -> None:
     args = ["make-dataset", "CartPole-v1", "--dataset-id", "cli/twice-v0", "--episodes", "2"]
     assert runner.invoke(app, args).exit_code == 0

@@ -77,7 +77,7 @@ def fusing_pays(algorithm: str, device: torch.device) -> bool:
     actions per step, so their steps are arithmetic-bound already: fused (with their member
     losses looped on the CPU, ``FusedTrainer.looped``) they gain little per seed, less than a
     cluster's workers gain by running the seeds in parallel (``bench_fused``'s records in
-    docs/performance.md).
+    benchmarks/RESULTS.md; why, in docs/performance.md, "Many seeds in one process").
     """
     if not fusable(algorithm):
         return False
@@ -218,7 +218,7 @@ def train_fused(
             },
         )
     scores = reference_scores(meta, options.env_id)
-    envs = [make_env(meta, options.env_id) for _ in seeds] if options.eval_every > 0 else []
+    envs = [make_env(meta, options.env_id) for _ in seeds] if options.evaluates else []
     last: list[EvaluationResult | None] = [None] * len(seeds)
     device = fused.device
     pending: list[dict[str, torch.Tensor]] = []

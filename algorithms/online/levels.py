@@ -43,9 +43,9 @@ from offaug.datasets.atomic import replace_directory
 from offaug.datasets.envs import register_envs
 from offaug.datasets.errors import DataError
 from offaug.datasets.generate import (
-    _DATASET_ID,
     GeneratedDataset,
     StorageFormat,
+    check_dataset_id,
     collect_episodes,
     d4rl_reference_scores,
     write_with_minari,
@@ -151,80 +151,103 @@ def _unflatten_rows(space: gym.Space[Any], rows: npt.NDArray[Any]) -> Any:
     raise DataError(f"medium-replay cannot record {space} observations", field="observation_space")
 
 
+@dataclasses.dataclass(frozen=True)
+class LevelConfig:
+    """How one D4RL-style level is made: the environment, the level, SAC's run and the collection.
+
+    Where the dataset goes (its id, format and root) is :func:`make_level_dataset`'s to say. The
+    resolved config is saved with the dataset (``level.json``).
+    """
+
+    env_id: str
+    """Gymnasium id with bounded Box actions (``Hopper-v5``, ``Pendulum-v1``)."""
+    level: Level
+    """``random``, ``medium``, ``expert`` or ``medium-replay``."""
+    train_steps: int
+    """Environment steps of SAC training, the expert's (ignored for ``random``)."""
+    steps: int | None
+    """Steps to collect with the chosen policy (whole episodes); ignored for ``medium-replay``,
+    whose size is the number of steps until the medium policy."""
+    seed: int = 0
+    """Seeds training, the first reset of collection, and action sampling."""
+    sac: SACConfig = dataclasses.field(default_factory=SACConfig)
+    """SAC's hyperparameters (:func:`small_sac_config` learns small tasks quickly on a CPU)."""
+    eval_every: int | None = None
+    """Steps between evaluations of the training policy: the granularity at which ``medium`` is
+    found (None: ``train_steps // 50``, see :attr:`evaluation_interval`)."""
+    eval_episodes: int = 5
+    """Episodes per evaluation (and for the random policy's return)."""
+    medium_fraction: float = 1 / 3
+    """Where ``medium`` sits between the random and expert returns."""
+    max_episode_steps: int | None = None
+    """Override the environment's time limit (None: the environment's own)."""
+    device: str | None = None
+    """Torch device for training (None: CUDA when there is one)."""
+    threads: int | None = None
+    """Torch CPU threads (None: torch's default)."""
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise DataError(f"must be one of {list(LEVELS)}", field=f"level={self.level!r}")
+        if self.level != "medium-replay" and (self.steps is None or self.steps <= 0):
+            raise DataError(
+                f"level {self.level} needs a positive step count", field=f"steps={self.steps}"
+            )
+        if self.level != "random" and self.train_steps <= 0:
+            raise DataError(
+                f"level {self.level} needs SAC training", field=f"train_steps={self.train_steps}"
+            )
+
+    @property
+    def evaluation_interval(self) -> int:
+        """Steps between evaluations: ``eval_every``, or 50 evaluations over the run."""
+        return self.eval_every if self.eval_every is not None else max(1, self.train_steps // 50)
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``gymnasium.make`` (the time limit, when overridden)."""
+        if self.max_episode_steps is None:
+            return {}
+        return {"max_episode_steps": self.max_episode_steps}
+
+
 def make_level_dataset(
-    env_id: str,
+    config: LevelConfig,
     dataset_id: str,
-    level: Level,
     *,
-    train_steps: int,
-    steps: int | None,
-    seed: int = 0,
     data_format: StorageFormat = "hdf5",
     root: str | Path | None = None,
     overwrite: bool = False,
-    config: SACConfig | None = None,
-    eval_every: int | None = None,
-    eval_episodes: int = 5,
-    medium_fraction: float = 1 / 3,
-    max_episode_steps: int | None = None,
-    device: str | None = None,
-    threads: int | None = None,
 ) -> LevelDataset:
-    """Train SAC in ``env_id`` as D4RL did and write the ``level`` dataset ``dataset_id``.
+    """Train SAC in ``config.env_id`` as D4RL did and write the level's dataset ``dataset_id``.
 
     Args:
-        env_id: Gymnasium id with bounded Box actions (``Hopper-v5``, ``Pendulum-v1``).
+        config: The environment, level, SAC run and collection size.
         dataset_id: Minari id to write, ``[namespace/]name-vK``.
-        level: ``random``, ``medium``, ``expert`` or ``medium-replay``.
-        train_steps: Environment steps of SAC training (ignored for ``random``).
-        steps: Steps to collect with the chosen policy (whole episodes); ignored for
-            ``medium-replay``, whose size is the number of steps until the medium policy.
-        seed: Seeds training, the first reset of collection, and action sampling.
         data_format: Minari storage, ``hdf5`` or ``arrow``.
         root: Datasets root; default ``MINARI_DATASETS_PATH`` (or ``~/.minari/datasets``).
         overwrite: Replace an existing dataset with this id.
-        config: SAC hyperparameters (default :class:`SACConfig`).
-        eval_every: Steps between evaluations of the training policy (default
-            ``train_steps // 50``): the granularity at which ``medium`` is found.
-        eval_episodes: Episodes per evaluation (and for the random policy's return).
-        medium_fraction: Where ``medium`` sits between the random and expert returns.
-        max_episode_steps: Override the env's time limit.
-        device: Torch device for training.
-        threads: Torch CPU threads.
 
     Raises:
-        DataError: a malformed id, format, level or step count.
+        DataError: a malformed id or format.
         FileExistsError: the dataset exists and ``overwrite`` is False (checked before training).
     """
-    if level not in LEVELS:
-        raise DataError(f"must be one of {list(LEVELS)}", field=f"level={level!r}")
-    if not _DATASET_ID.match(dataset_id) or ".." in dataset_id.split("/"):
-        raise DataError(
-            "dataset id must look like [namespace/]name-vK (letters, digits, '_', '.', '-')",
-            field=f"dataset_id={dataset_id!r}",
-        )
+    check_dataset_id(dataset_id)
     if data_format not in ("hdf5", "arrow"):
         raise DataError("must be 'hdf5' or 'arrow'", field=f"format={data_format!r}")
-    if level != "medium-replay" and (steps is None or steps <= 0):
-        raise DataError(f"level {level} needs a positive step count", field=f"steps={steps}")
-    if level != "random" and train_steps <= 0:
-        raise DataError(f"level {level} needs SAC training", field=f"train_steps={train_steps}")
-    config = config or SACConfig()
+    level, seed = config.level, config.seed
     register_envs()
     datasets_root = dataset_root(root)
     target = resolve_dataset_dir(dataset_id, datasets_root)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target}: dataset {dataset_id} exists; pass --overwrite")
-    env_kwargs: dict[str, Any] = {}
-    if max_episode_steps is not None:
-        env_kwargs["max_episode_steps"] = max_episode_steps
 
     with contextlib.ExitStack() as cleanup:
         # Collection uses the raw env, as make_dataset does; SAC trains on make_env's (Dict
         # observations flattened), and medium-replay unflattens what training recorded.
-        collect_env = gym.make(env_id, **env_kwargs)
+        collect_env = gym.make(config.env_id, **config.env_kwargs)
         cleanup.callback(collect_env.close)
-        eval_env = make_env({}, env_id, **env_kwargs)
+        eval_env = make_env({}, config.env_id, **config.env_kwargs)
         cleanup.callback(eval_env.close)
         staging_root = datasets_root / f".staging-{dataset_id.replace('/', '__')}-{seed}"
         shutil.rmtree(staging_root, ignore_errors=True)
@@ -235,38 +258,27 @@ def make_level_dataset(
         random_return = evaluate(
             _random_batch_policy(eval_env),
             eval_env,
-            episodes=eval_episodes,
+            episodes=config.eval_episodes,
             seed=seed + _EVAL_SEED_OFFSET,
         ).mean_return
         trained = None
         if level != "random":
-            trained = _train(
-                env_id,
-                level,
-                train_steps,
-                config,
-                seed,
-                eval_every if eval_every is not None else max(1, train_steps // 50),
-                eval_episodes,
-                random_return,
-                medium_fraction,
-                max_episode_steps,
-                staging_root / "candidates",
-                device,
-                threads,
-            )
-        buffers = _level_episodes(level, trained, collect_env, steps, seed)
-        scores = d4rl_reference_scores(env_id)
+            trained = _train(config, random_return, staging_root / "candidates")
+        buffers = _level_episodes(level, trained, collect_env, config.steps, seed)
+        scores = d4rl_reference_scores(config.env_id)
         if scores is None and trained is not None:
             scores = (random_return, trained.expert_return)
         record = {
-            "env_id": env_id,
+            "env_id": config.env_id,
             "level": level,
             "seed": seed,
-            "train_steps": 0 if trained is None else train_steps,
-            "steps": steps,
-            "medium_fraction": medium_fraction,
-            "sac_config": config_to_json(config),
+            "train_steps": 0 if trained is None else config.train_steps,
+            "steps": config.steps,
+            "medium_fraction": config.medium_fraction,
+            "eval_every": config.evaluation_interval,
+            "eval_episodes": config.eval_episodes,
+            "max_episode_steps": config.max_episode_steps,
+            "sac_config": config_to_json(config.sac),
             "random_return": random_return,
             "expert_return": None if trained is None else trained.expert_return,
             "policy_step": None if trained is None else trained.chosen.step,
@@ -381,21 +393,7 @@ class _Trained:
     """Medium-replay's episodes (Minari ``EpisodeBuffer``), up to the chosen step."""
 
 
-def _train(
-    env_id: str,
-    level: Level,
-    train_steps: int,
-    config: SACConfig,
-    seed: int,
-    eval_every: int,
-    eval_episodes: int,
-    random_return: float,
-    medium_fraction: float,
-    max_episode_steps: int | None,
-    candidates: Path,
-    device: str | None,
-    threads: int | None,
-) -> _Trained:
+def _train(config: LevelConfig, random_return: float, candidates: Path) -> _Trained:
     """Run SAC, keeping a checkpoint of every evaluation that beats all earlier ones.
 
     The medium policy is the first evaluation to reach a threshold that is known only once the
@@ -404,6 +402,7 @@ def _train(
     """
     best = -np.inf
     saved: dict[int, Path] = {}
+    level = config.level
     keep_candidates = level in ("medium", "medium-replay")
 
     def on_checkpoint(step: int, trainer: SAC, mean_return: float) -> None:
@@ -413,22 +412,22 @@ def _train(
             saved[step] = _save_policy(candidates / f"step_{step}.pt", trainer, step, mean_return)
 
     result = train_online(
-        env_id,
-        train_steps,
-        config,
-        seed,
-        eval_every=eval_every,
-        eval_episodes=eval_episodes,
+        config.env_id,
+        config.train_steps,
+        config.sac,
+        config.seed,
+        eval_every=config.evaluation_interval,
+        eval_episodes=config.eval_episodes,
         record=level == "medium-replay",
         on_checkpoint=on_checkpoint,
-        max_episode_steps=max_episode_steps,
-        device=device,
-        threads=threads,
+        max_episode_steps=config.max_episode_steps,
+        device=config.device,
+        threads=config.threads,
     )
     final = result.evaluations[-1]
     if final.mean_return <= random_return:
         warnings.warn(
-            f"SAC's final return {final.mean_return:.1f} in {env_id} is no better than the "
+            f"SAC's final return {final.mean_return:.1f} in {config.env_id} is no better than the "
             f"random policy's {random_return:.1f}: train for more steps",
             RuntimeWarning,
             stacklevel=3,
@@ -437,7 +436,7 @@ def _train(
     chosen = final
     if level != "expert":
         medium = medium_evaluation(
-            result.evaluations, random_return, final.mean_return, medium_fraction
+            result.evaluations, random_return, final.mean_return, config.medium_fraction
         )
         # None: the final policy did worse than random; it is then the best "medium" there is.
         chosen = medium or final
@@ -448,7 +447,7 @@ def _train(
         checkpoint = _save_policy(candidates / "final.pt", trainer, final.step, final.mean_return)
     record = None
     if result.record is not None:
-        record = result.record.episodes(chosen.step, first_seed=seed)
+        record = result.record.episodes(chosen.step, first_seed=config.seed)
     return _Trained(trainer, chosen, checkpoint, final.mean_return, result.evaluations, record)
 
 

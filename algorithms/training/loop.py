@@ -82,9 +82,10 @@ class TrainOptions:
     eval_every: int = 5000
     """Steps between evaluations (0 disables them)."""
     eval_episodes: int = 5
-    """Episodes per evaluation."""
+    """Episodes per evaluation (0 disables them)."""
     env_id: str | None = None
-    """Evaluate in this env instead of the one the dataset records."""
+    """Evaluate in this env instead of the one the dataset records (unused without
+    evaluations: training itself needs no environment)."""
     checkpoint_every: int = 5000
     """Steps between checkpoints (the last step always writes one)."""
     device: str | None = None
@@ -93,11 +94,16 @@ class TrainOptions:
     """Torch CPU threads (1 inside Dask workers)."""
     compile: bool = False
     """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss, after a few
-    seconds of compiling; figures in ``docs/performance.md``); other learners train as without
+    seconds of compiling; figures in ``benchmarks/RESULTS.md``); other learners train as without
     it."""
     seeds: tuple[int, ...] | None = None
     """Several seeds trained together as one fused run (:func:`offaug.algorithms.fused.train.
     train_fused`, each into its own run directory); ``seed`` is then unused."""
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates its policy, and so needs an environment."""
+        return self.eval_every > 0 and self.eval_episodes > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +206,7 @@ def train(
     )
     env = None
     scores = reference_scores(meta, options.env_id)
-    if options.eval_every > 0:
+    if options.evaluates:
         env = make_env(meta, options.env_id)
     last_eval: EvaluationResult | None = None
     pending: list[dict[str, torch.Tensor]] = []

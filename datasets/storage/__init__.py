@@ -48,6 +48,9 @@ class StorageBackend(Protocol):
     """One Minari storage format."""
 
     name: StorageFormat
+    reads_in_processes: bool
+    """Whether a large read is split over reader processes (:mod:`offaug.datasets.minari_reader`):
+    worth it where a process spends its time in the format's library under the GIL."""
 
     def identity(self, data_dir: Path) -> list[Any]:
         """What identifies the stored episodes' content cheaply (for the shard cache)."""

@@ -3,8 +3,8 @@
 An episode file holds one record batch of N+1 rows: ``observations`` (Box values as
 fixed-size lists, a struct for a Dict space), the step columns ``actions``, ``rewards``,
 ``terminations`` and ``truncations`` padded with zeros on the last row, and an ``infos``
-struct. Reading scans every episode file with pyarrow; writing builds one record batch per
-chunk and writes each episode as a zero-copy slice of it.
+struct. Reading parses every episode file's IPC stream with pyarrow in one process; writing
+builds one record batch per chunk and writes each episode as a zero-copy slice of it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def _fixed_list_to_numpy(column: Any, row_shape: tuple[int, ...]) -> npt.NDArray
 
 
 def _episode_file(data_dir: Path, episode_id: int) -> Path:
-    # Minari writes data/<id>/part-0.arrow; anything else is found by listing the folder.
+    # Minari writes data/<id>/part-0.arrow (tried first, by the reader); anything else is found
+    # by listing the folder.
     default = data_dir / str(episode_id) / "part-0.arrow"
     if default.is_file():
         return default
@@ -58,37 +59,83 @@ def _episode_file(data_dir: Path, episode_id: int) -> Path:
     return candidates[0]
 
 
+_MAGIC = b"ARROW1"
+
+
+def _read_table(file: str) -> Any:
+    """One episode file's table (FileNotFoundError passes on).
+
+    An Arrow IPC file is its magic, padded to 8 bytes, then the IPC stream of its schema and
+    record batches, then a footer that indexes them, then the magic again. A Minari episode
+    file is small, so it is read whole into memory and its stream parsed from there: mapping
+    it and opening it as a file (the footer parsed too) cost several times as much per file,
+    which is what a dataset of thousands of short episodes is made of.
+    """
+    try:
+        with open(file, "rb") as handle:
+            data = handle.read()
+        if len(data) < 16 or data[:6] != _MAGIC or data[-6:] != _MAGIC:
+            raise pa.ArrowInvalid("not an Arrow IPC file (magic bytes missing)")
+        return pa.ipc.open_stream(pa.py_buffer(data)[8:]).read_all()
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(
+            f"cannot read Arrow episode file ({exc})",
+            path=file,
+            hint="the file is truncated or corrupted; re-download or regenerate the dataset",
+        ) from exc
+
+
+def _read_episode(data_dir: Path, prefix: str, episode_id: int) -> tuple[Any, str]:
+    """Episode ``episode_id``'s table and file. ``prefix`` is ``str(data_dir)``: with thousands
+    of short episodes, pathlib objects and a check before opening Minari's own file name would
+    cost a good part of the read."""
+    file = f"{prefix}/{episode_id}/part-0.arrow"
+    try:
+        return _read_table(file), file
+    except FileNotFoundError:
+        file = str(_episode_file(data_dir, episode_id))
+        return _read_table(file), file
+
+
+def _checked(table: Any, columns: Sequence[str], file: str) -> Any:
+    """``table``'s ``columns``, refusing an episode file that lacks one."""
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise DataError(f"columns {missing} missing", path=file, field=missing[0])
+    return table.select(columns)
+
+
 def _read_arrow_range(
     data_dir: Path,
     episode_ids: Sequence[int],
     layout: Sequence[tuple[str, tuple[int, ...]]],
     info_keys: Sequence[str],
 ) -> dict[str, Any]:
-    """Read Minari Arrow episodes (one IPC file each, N+1 rows, step columns padded)."""
+    """Read Minari Arrow episodes (one IPC file each, N+1 rows, step columns padded).
+
+    The per-file work is kept to reading and parsing the file: the columns are checked on the
+    first file's schema, and every other file is only compared with it (files of one dataset
+    share it; when one does not, each file's columns are checked and selected).
+    """
     columns = ["observations", *STEP_KEYS, *(["infos"] if info_keys else [])]
-    tables = []
-    for episode_id in episode_ids:
-        file = _episode_file(data_dir, episode_id)
-        try:
-            with pa.memory_map(str(file), "r") as source:
-                table = pa.ipc.open_file(source).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DataError(
-                f"cannot read Arrow episode file ({exc})",
-                path=file,
-                hint="the file is truncated or corrupted; re-download or regenerate the dataset",
-            ) from exc
-        missing = [c for c in columns if c not in table.column_names]
-        if missing:
-            raise DataError(f"columns {missing} missing", path=file, field=missing[0])
-        if table.num_rows == 0:
-            raise DataError("episode file holds no rows; Minari stores N+1", path=file)
-        tables.append(table.select(columns))
+    prefix = str(data_dir)
+    read = [_read_episode(data_dir, prefix, episode_id) for episode_id in episode_ids]
+    tables = [table for table, _ in read]
+    first = tables[0].schema
+    if all(table.schema.equals(first) for table in tables):
+        _checked(tables[0], columns, read[0][1])
+    else:
+        tables = [_checked(table, columns, file) for table, file in read]
+    rows = np.fromiter((t.num_rows for t in tables), dtype=np.int64, count=len(tables))
+    if not rows.all():
+        empty = read[int(np.argmin(rows))][1]
+        raise DataError("episode file holds no rows; Minari stores N+1", path=empty)
     try:
         table = pa.concat_tables(tables)
     except pa.ArrowInvalid as exc:
         raise DataError(f"episode files disagree on their schema ({exc})", path=data_dir) from exc
-    rows = np.fromiter((t.num_rows for t in tables), dtype=np.int64, count=len(tables))
     lengths = rows - 1
     keep_steps = np.ones(int(rows.sum()), dtype=bool)
     keep_steps[np.cumsum(rows) - 1] = False
@@ -248,6 +295,10 @@ class ArrowBackend:
     """Minari's ``arrow`` format (see the module docstring)."""
 
     name: StorageFormat = "arrow"
+    # One process reads every episode file and copies each column once; a reader process
+    # would pickle its columns back through a pipe, which cost more than it saved in
+    # bench_io's short-episode case (benchmarks/LOG.md).
+    reads_in_processes = False
 
     def identity(self, data_dir: Path) -> list[Any]:
         """The listing of episode directories.

@@ -346,6 +346,9 @@ class Hdf5Backend:
     """Minari's ``hdf5`` format (see the module docstring)."""
 
     name: StorageFormat = "hdf5"
+    # h5py opens and reads every object under the GIL, at a high cost per object: reader
+    # processes divide it.
+    reads_in_processes = True
 
     def identity(self, data_dir: Path) -> list[Any]:
         """The size and modification time of ``main_data.hdf5``."""

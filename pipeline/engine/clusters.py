@@ -14,6 +14,7 @@ show what would be submitted without submitting anything.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -45,9 +46,28 @@ def connected(config: ClusterModel, scheduler: str | None = None) -> Iterator[Cl
     try:
         yield client
     finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        disconnect(client, cluster)
+
+
+def disconnect(client: Client, cluster: Any) -> None:
+    """Close the client, then the cluster it started (``None``: it joined one, left running).
+
+    A worker process that imported torch and the data stack takes a second or more to tear its
+    interpreter down (torch's exit handlers, module cleanup), several on a loaded machine, while
+    a nanny waits 4 s for it before it kills the process and logs a warning. Every task has
+    finished and written its results by then, so the kill loses nothing: the nanny's warnings
+    are kept off the user's console while the cluster closes.
+    """
+    client.close()
+    if cluster is None:
+        return
+    nanny = logging.getLogger("distributed.nanny")
+    level = nanny.level
+    nanny.setLevel(logging.ERROR)
+    try:
+        cluster.close()
+    finally:
+        nanny.setLevel(level)
 
 
 def prepare_workers(client: Client, threads: int) -> None:

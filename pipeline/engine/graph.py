@@ -39,7 +39,7 @@ from typing import Any
 from distributed import Client
 
 from offaug.pipeline.contracts import DATA_VIDEO_STAGE, DOCTOR_STAGE, VIDEO_STAGE_PREFIX
-from offaug.pipeline.engine.clusters import connect, prepare_workers
+from offaug.pipeline.engine.clusters import connect, disconnect, prepare_workers
 from offaug.pipeline.engine.plan import plan_workflow
 from offaug.pipeline.engine.scheduler import (
     EventCallback,
@@ -153,9 +153,7 @@ def _run_locked(
         results = {name: graph.result(name) for name in names}
     finally:
         if own_client:
-            client.close()
-            if cluster is not None:
-                cluster.close()
+            disconnect(client, cluster)
     return RunResult(
         layout.root, results, graph.skipped, graph.executed, 0.0, graph.seconds, dashboard
     )

@@ -4,7 +4,7 @@ How much noise a rollout policy can take before its episodes earn less than the 
 the task far more than on anything else: Pendulum-v1's episodes stay above its data under
 sigma 0.1, while a TD3+BC policy on Hopper-v5 that earns 1,400-2,000 per episode without noise
 falls near step 300 under 0.03, so the filter drops every episode and the recipe adds nothing
-(docs/performance.md). ``rollout.noise_calibration`` probes each sigma, largest first, with a
+(benchmarks/LOG.md). ``rollout.noise_calibration`` probes each sigma, largest first, with a
 few episodes through the same filter, and keeps the first whose kept share reaches ``keep``.
 The probes use their own seeds, apart from the rollout's, and run in memory: nothing is written.
 """

@@ -108,7 +108,7 @@ class BCConfigModel(StrictSection):
         description=(
             "torch.compile the Gaussian BC loss: more steps per second once compiled, after a"
             " few seconds of compiling, so it pays for long runs (figures in"
-            " docs/performance.md)."
+            " benchmarks/RESULTS.md, train_bc_gaussian_compiled_*)."
         ),
     )
     evaluation_episodes: int = Field(

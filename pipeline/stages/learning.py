@@ -50,20 +50,23 @@ def prepare_source(config: SourceConfig) -> DatasetRef:
         make = config.make
         if make.policy == "sac":
             # Imports torch: only a source made by SAC needs it.
-            from offaug.algorithms.online.levels import make_level_dataset, small_sac_config
+            from offaug.algorithms.online.levels import (
+                LevelConfig,
+                make_level_dataset,
+                small_sac_config,
+            )
 
-            make_level_dataset(
+            level = LevelConfig(
                 make.env,
-                config.dataset,
                 make.level,
                 train_steps=make.train_steps,
                 steps=make.steps,
                 seed=make.seed,
-                data_format=make.format,
-                config=small_sac_config(),
+                sac=small_sac_config(),
                 max_episode_steps=make.max_episode_steps,
                 threads=1,
             )
+            make_level_dataset(level, config.dataset, data_format=make.format)
         else:
             make_dataset(
                 make.env,

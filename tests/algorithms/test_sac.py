@@ -17,7 +17,12 @@ from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import evaluate, make_env
 from offaug.algorithms.learners.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
 from offaug.algorithms.learners.sac import SAC, SACConfig, soft_td_target
-from offaug.algorithms.online.levels import LEVEL_FILE, POLICY_FILE, make_level_dataset
+from offaug.algorithms.online.levels import (
+    LEVEL_FILE,
+    POLICY_FILE,
+    LevelConfig,
+    make_level_dataset,
+)
 from offaug.algorithms.online.loop import ReplayBuffer, train_online
 from offaug.datasets import load_transitions
 
@@ -296,19 +301,18 @@ def _episodes(dataset_id: str) -> list[minari.EpisodeData]:
 
 def test_medium_replay_level_is_a_real_minari_dataset(minari_root: Path) -> None:
     config = SACConfig(hidden=(32, 32), batch_size=32, learning_starts=100)
-    result = make_level_dataset(
+    level_config = LevelConfig(
         "Pendulum-v1",
-        "test/pendulum-medium-replay-v0",
         "medium-replay",
         train_steps=700,
         steps=None,
         seed=1,
-        root=minari_root,
-        config=config,
+        sac=config,
         eval_every=130,
         eval_episodes=1,
         max_episode_steps=50,
     )
+    result = make_level_dataset(level_config, "test/pendulum-medium-replay-v0", root=minari_root)
     assert result.policy_step is not None and result.expert_return is not None
     evaluations = {e.step: e.mean_return for e in result.evaluations}
     assert result.policy_return == evaluations[result.policy_step]
@@ -351,18 +355,17 @@ def test_medium_replay_level_is_a_real_minari_dataset(minari_root: Path) -> None
 @pytest.mark.filterwarnings("ignore:SAC's final return")
 def test_medium_level_samples_the_policy_in_dict_observation_envs(minari_root: Path) -> None:
     """PointGoal: Dict observations, terminations at the goal, actions bounded by 0.2."""
-    result = make_level_dataset(
+    config = LevelConfig(
         "offaug/PointGoal-v0",
-        "test/point-medium-v0",
         "medium",
         train_steps=300,
         steps=200,
         seed=2,
-        root=minari_root,
-        config=SACConfig(hidden=(16, 16), batch_size=16, learning_starts=100),
+        sac=SACConfig(hidden=(16, 16), batch_size=16, learning_starts=100),
         eval_every=100,
         eval_episodes=2,
     )
+    result = make_level_dataset(config, "test/point-medium-v0", root=minari_root)
     assert result.policy_step in {e.step for e in result.evaluations}
     dataset = minari.load_dataset("test/point-medium-v0")
     assert isinstance(dataset.observation_space, gym.spaces.Dict)
@@ -384,25 +387,16 @@ def test_medium_level_samples_the_policy_in_dict_observation_envs(minari_root: P
 
 
 def test_random_level_trains_nothing_and_refuses_to_overwrite(minari_root: Path) -> None:
-    result = make_level_dataset(
-        "Pendulum-v1",
-        "test/pendulum-random-v0",
-        "random",
-        train_steps=0,
-        steps=120,
-        root=minari_root,
-        eval_episodes=1,
-        max_episode_steps=60,
+    config = LevelConfig(
+        "Pendulum-v1", "random", train_steps=0, steps=120, eval_episodes=1, max_episode_steps=60
     )
+    result = make_level_dataset(config, "test/pendulum-random-v0", root=minari_root)
     assert result.policy_checkpoint is None and result.evaluations == ()
     assert not (result.dataset.path / POLICY_FILE).exists()
     assert result.dataset.steps == 120 and result.dataset.episodes == 2
     with pytest.raises(FileExistsError):
         make_level_dataset(
-            "Pendulum-v1",
+            LevelConfig("Pendulum-v1", "random", train_steps=0, steps=120),
             "test/pendulum-random-v0",
-            "random",
-            train_steps=0,
-            steps=120,
             root=minari_root,
         )

@@ -133,13 +133,46 @@ def test_simulator_state_infos_align_with_observations(make_test_dataset, data_f
     np.testing.assert_allclose(transitions.observations[:, :5], qpos[:, 1:], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("data_format", FORMATS)
-def test_parallel_read_equals_serial(make_test_dataset, data_format: str, monkeypatch) -> None:
-    made = make_test_dataset("hopper", data_format)
+def test_parallel_read_equals_serial(make_test_dataset, monkeypatch) -> None:
+    made = make_test_dataset("hopper", "hdf5")
     serial = read_minari_dir(made.path, workers=1)
     monkeypatch.setattr(minari_reader, "_PARALLEL_MIN_EPISODES", 2)
     parallel = read_minari_dir(made.path, workers=2, info_keys=["qpos"])
     assert Transitions(**parallel.columns()).equals(Transitions(**serial.columns()))
+
+
+def test_arrow_is_read_in_one_process(make_test_dataset, monkeypatch) -> None:
+    """Arrow gains nothing from reader processes; a large Arrow dataset starts none."""
+    made = make_test_dataset("hopper", "arrow")
+    monkeypatch.setattr(minari_reader, "_PARALLEL_MIN_EPISODES", 2)
+
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an Arrow read started reader processes")
+
+    monkeypatch.setattr(minari_reader, "ProcessPoolExecutor", no_pool)
+    read = read_minari_dir(made.path, workers=2, info_keys=["qpos"])
+    assert read.num_episodes == made.episodes
+
+
+def test_arrow_episode_files_under_other_names_or_schemas_read_the_same(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """An episode file not named part-0.arrow is found by listing its folder, and an episode
+    whose file holds a column more than the others is read by its columns."""
+    import pyarrow as pa
+
+    made = make_test_dataset("hopper", "arrow")
+    expected = read_minari_dir(made.path, info_keys=["qpos"])
+    copy = _copy_dataset(made, tmp_path)
+    (copy / "data" / "2" / "part-0.arrow").rename(copy / "data" / "2" / "episode.arrow")
+    wider = copy / "data" / "4" / "part-0.arrow"
+    table = pa.ipc.open_file(pa.py_buffer(wider.read_bytes())).read_all()
+    table = table.append_column("extra", pa.array(np.zeros(table.num_rows)))
+    with pa.OSFile(str(wider), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    read = read_minari_dir(copy, info_keys=["qpos"])
+    assert Transitions(**read.columns()).equals(Transitions(**expected.columns()))
+    np.testing.assert_array_equal(read.extras["infos/qpos"], expected.extras["infos/qpos"])
 
 
 def test_load_by_id_and_by_directory_agree(make_test_dataset) -> None:
@@ -169,6 +202,14 @@ def test_corrupted_arrow_file_names_the_file(make_test_dataset, tmp_path: Path) 
     copy = _copy_dataset(make_test_dataset("hopper", "arrow"), tmp_path)
     episode_file = copy / "data" / "3" / "part-0.arrow"
     episode_file.write_bytes(episode_file.read_bytes()[:100])
+    with pytest.raises(DataError, match=r"3/part-0\.arrow"):
+        read_minari_dir(copy)
+
+
+def test_arrow_file_without_its_footer_is_refused(make_test_dataset, tmp_path: Path) -> None:
+    copy = _copy_dataset(make_test_dataset("hopper", "arrow"), tmp_path)
+    episode_file = copy / "data" / "3" / "part-0.arrow"
+    episode_file.write_bytes(episode_file.read_bytes()[:-10])
     with pytest.raises(DataError, match=r"3/part-0\.arrow"):
         read_minari_dir(copy)
 

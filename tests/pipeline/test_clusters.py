@@ -1,9 +1,27 @@
-"""SLURM and Kubernetes clusters, tested as far as the generated job script and spec."""
+"""The local cluster's life cycle; SLURM and Kubernetes clusters, tested as far as the
+generated job script and spec."""
 
 from __future__ import annotations
 
-from offaug.pipeline.engine.clusters import kubernetes_spec, slurm_job_script
+import logging
+
+from offaug.pipeline.engine.clusters import (
+    connect,
+    disconnect,
+    kubernetes_spec,
+    slurm_job_script,
+)
 from offaug.pipeline.schema.run_sections import ClusterModel
+
+
+def test_disconnect_closes_the_local_cluster_and_restores_the_nanny_log_level() -> None:
+    nanny = logging.getLogger("distributed.nanny")
+    before = nanny.level
+    client, cluster = connect(ClusterModel(workers=1))
+    assert client.submit(sum, [1, 2]).result() == 3
+    disconnect(client, cluster)
+    assert client.status == "closed" and cluster.status.name == "closed"
+    assert nanny.level == before
 
 
 def test_slurm_job_script_carries_the_workflow_settings() -> None:
