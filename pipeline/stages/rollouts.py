@@ -39,6 +39,7 @@ def _rollout_config(
     start = config.start if data.has_simulator_state else "reset"
     return RolloutConfig(
         episodes=config.episodes,
+        simulator_steps=config.simulator_steps,
         n_envs=config.n_envs,
         noise=config.noise if calibration is None else parse_noise(calibration["noise"]),
         seed=seed,
@@ -221,7 +222,8 @@ def merge_rollouts(
     The reference's ``metrics``: ``policy`` (``rollout.policy``), ``noise`` (what the tasks
     used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
     without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
-    ``dropped``) and ``episode_return`` (the mean return of the kept episodes, None without any).
+    ``dropped``), ``episode_return`` (the mean return of the kept episodes, None without any)
+    and ``simulator_steps`` (the environment steps every task took; 0 for model rollouts).
     """
     noise = config.noise.text if calibration is None else str(calibration["noise"])
     shard_set = merge_rollout_shards(
@@ -233,6 +235,7 @@ def merge_rollouts(
             "max_weight": config.max_weight,
             "backend": config.backend,
             "episodes": config.episodes,
+            "simulator_steps": config.simulator_steps,
             "tasks": config.tasks,
             "policy": config.policy,
             "horizon": config.horizon,
@@ -262,5 +265,6 @@ def merge_rollouts(
                 **filter_counts(results),
             },
             "episode_return": float(np.mean(returns)) if returns else None,
+            "simulator_steps": sum(r.simulator_steps for r in results),
         },
     )
