@@ -39,6 +39,10 @@ def _signed(value: Any) -> str:
     return "—" if value is None else f"{float(value):+.3g}"
 
 
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "—"
+
+
 def _rewards(recipe: Mapping[str, Any]) -> str:
     augmented = recipe.get("augmented_reward_per_step")
     original = recipe.get("original_reward_per_step")
@@ -81,8 +85,8 @@ def comparison_html(metrics: Mapping[str, Any]) -> str:
             label,
             html.escape(str(arm.get("learner"))),
             html.escape(str(arm.get("recipe"))),
-            f"{number(arm.get('steps'))} ({number(arm.get('own_steps'))})",
-            number(arm.get("simulator_steps")),
+            f"{_count(arm.get('steps'))} ({_count(arm.get('own_steps'))})",
+            _count(arm.get("simulator_steps")),
             f"{number(arm.get('iqm'))} {_interval(arm.get('iqm_interval'))}",
         ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
