@@ -114,6 +114,25 @@ def has_policy_density(trainer_type: type[Any], config: Any) -> bool:
     return True if has_density is None else bool(has_density(config))
 
 
+@runtime_checkable
+class StateValue(Protocol):
+    """The optional capability of a learner with a value of its own policy (IQL's V; TD3+BC's,
+    ReBRAC's and CQL's critics at the policy's action): what ``rollout.filter: value`` needs to
+    bootstrap a short branch's return.
+
+    A learner has it when its class defines :meth:`state_values`; the discount it learned
+    with is its config's ``gamma``.
+    """
+
+    def state_values(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``V(s)`` in the data's reward units: ``(B, obs) -> (B,)``."""
+
+
+def has_state_value(trainer_type: type[Any]) -> bool:
+    """Whether trainers of ``trainer_type`` have :class:`StateValue`."""
+    return callable(getattr(trainer_type, "state_values", None))
+
+
 def reads_sources(trainer: object) -> bool:
     """Whether ``trainer``'s losses read each row's source (``TorchBatch.set_index``), so that
     its batches must be converted ``with_sources`` (CQL with ``conservative_rows: original``)."""

@@ -7,7 +7,13 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from offaug.algorithms.base import Spaces, Trainer, config_from_json, has_policy_density
+from offaug.algorithms.base import (
+    Spaces,
+    Trainer,
+    config_from_json,
+    has_policy_density,
+    has_state_value,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +91,23 @@ def policy_weighting_refusal(name: str, config: Mapping[str, Any] | None = None)
         f"weighting 'policy' needs a learner whose policy has a density (pi/mu is computed from "
         f"it); {name}'s policy has no density{why}. Use weighting 'behaviour' or 'none', or one "
         f"of: {', '.join(able)}"
+    )
+
+
+def state_value_refusal(name: str, use: str = "filter 'value'") -> str | None:
+    """Why learner ``name`` cannot give ``use`` its value, or None when it can.
+
+    ``rollout.filter: value`` adds ``gamma^H V(s_H)`` of the rollout policy's own value
+    (:class:`~offaug.algorithms.base.StateValue`) to a branch's discounted return; MOBILE's
+    penalty (``dynamics.penalty: mobile``) takes the std of ``r + gamma V(s')`` over a dynamics
+    ensemble's members.
+    """
+    if has_state_value(trainer_type(name)):
+        return None
+    able = [n for n in ALGORITHMS if has_state_value(trainer_type(n))]
+    return (
+        f"{use} needs a rollout policy with a value of its own (V(s), or its critics at"
+        f" its action); {name} has none. Use one of: {', '.join(able)}"
     )
 
 

@@ -62,6 +62,8 @@ class Source(enum.IntEnum):
     """A rollout in a learned-dynamics model."""
     REVIEWED = 3
     """An episode a person reviewed (``offaug review``; its ``label`` extra: 1 chosen, 0 not)."""
+    GENERATED = 4
+    """A transition sampled from a generative model of the data (rollout backend ``diffusion``)."""
 
 
 REQUIRED_FIELDS: tuple[str, ...] = (

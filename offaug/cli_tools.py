@@ -1,5 +1,6 @@
-"""The practitioner's commands: ``doctor`` (dataset pitfalls), ``render`` (videos), ``rank``
-(weighted policy ranking) and ``review`` (pick rollouts by eye, keep them as labelled data).
+"""The practitioner's commands: ``doctor`` (dataset pitfalls), ``quality`` (augmented data
+against its source and env), ``render`` (videos), ``rank`` (weighted policy ranking) and
+``review`` (pick rollouts by eye, keep them as labelled data).
 
 As in :mod:`offaug.cli`, the library is imported inside each command so that ``--help`` does not
 wait for torch, Dask or the data stack.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -61,6 +62,88 @@ def doctor(
         )
     console.print(table)
     raise typer.Exit(code=report.exit_code)
+
+
+def quality(
+    augmented: Annotated[
+        str,
+        typer.Argument(
+            help="Augmented data: a shard set (rollouts, generated samples) or any dataset."
+        ),
+    ],
+    source: Annotated[
+        str, typer.Option(help="The data it was made from: Minari id or directory, D4RL .hdf5.")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Also write the report as JSON here.")] = None,
+    env: Annotated[
+        str | None, typer.Option(help="Gymnasium env id (default: the source's own).")
+    ] = None,
+    max_rows: Annotated[
+        int, typer.Option(min=1, help="Augmented rows replayed in the env.")
+    ] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the row samples.")] = 0,
+) -> None:
+    """Check augmented transitions against their source data and its environment."""
+    from offaug.datasets import load_transitions
+    from offaug.datasets.atomic import write_json_atomic
+    from offaug.pipeline.diagnostics.quality import QualitySettings, quality_report
+    from offaug.pipeline.rollouts.env_state import load_with_states
+
+    def check() -> dict[str, Any]:
+        # Recorded states (infos/qpos, infos/qvel or infos/state) where the data has them.
+        rows, _ = load_with_states(augmented)
+        data = load_transitions(source)
+        settings = QualitySettings(max_rows=max_rows, seed=seed)
+        return dict(quality_report(rows, data, env_id=env, settings=settings))
+
+    report = guard(check)
+    if out is not None:
+        write_json_atomic(out, report)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    console.print(quality_table(augmented, report))
+
+
+def _cell(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def quality_table(name: str, report: dict[str, Any]) -> Table:
+    """The report's headline figures as a rich table."""
+    state = report["state"]
+    table = Table(title=f"{name}: {report['rows']} rows against {report['source_rows']}")
+    table.add_column("check", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    kind = state["kind"] + (f" ({state['reason']})" if state["reason"] else "")
+    rows = [
+        ("state", kind),
+        ("rows replayed (unset)", f"{state['rows_checked']} ({state['rows_unset']})"),
+        ("dynamics error, median (σ units)", _cell((report["dynamics_error"] or {}).get("median"))),
+        ("dynamics error, p95", _cell((report["dynamics_error"] or {}).get("p95"))),
+        ("reward error, mean", _cell((report["reward_error"] or {}).get("mean"))),
+        ("terminal mismatch", _cell(report["terminal_mismatch"])),
+        ("novelty, median", _cell((report["novelty"] or {}).get("median"))),
+        ("OOD share", _cell((report["ood"] or {}).get("share"))),
+    ]
+    returns, terminal = report["returns"], report["terminal_rate"]
+    for label, augmented, source in (
+        ("terminal rate", terminal["augmented"], terminal["source"]),
+        *(
+            (label, returns["augmented"][field], returns["source"][field])
+            for label, field in (
+                ("episode return", "mean_return"),
+                ("reward per step", "reward_per_step"),
+            )
+        ),
+    ):
+        rows.append((f"{label} (augmented / data)", f"{_cell(augmented)} / {_cell(source)}"))
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
 
 
 def render(

@@ -2,10 +2,10 @@
 
 Every stage takes and returns these (or JSON-ready dicts): a dataset's identity and shape
 (:class:`DatasetRef`), a checkpoint (:class:`ModelRef`), an augmented shard set
-(:class:`AugmentedRef`), one rollout task's shard (:class:`RolloutShard`); :class:`RunIndex` says
-which stage holds which (learner, recipe, seed) run. :data:`PLAIN` names the arm trained on the
-original data alone. Every sub-package of :mod:`offaug.pipeline` may import this module; it
-imports none of them.
+(:class:`AugmentedRef`), one rollout task's shard (:class:`RolloutShard`, with its filter's
+:class:`FilterRecord`); :class:`RunIndex` says which stage holds which (learner, recipe, seed)
+run. :data:`PLAIN` names the arm trained on the original data alone. Every sub-package of
+:mod:`offaug.pipeline` may import this module; it imports none of them.
 """
 
 from __future__ import annotations
@@ -71,6 +71,24 @@ class AugmentedRef:
 
 
 @dataclasses.dataclass(frozen=True)
+class FilterRecord:
+    """What a filter against the policy's own reference (``rollout.filter: policy`` or
+    ``value``) compared: one entry per episode rolled out, kept and dropped, in order."""
+
+    scores: tuple[float, ...]
+    """What was judged: the episode's return (``policy``), or its discounted return plus
+    ``gamma^L V(s_L)`` (``value``)."""
+    references: tuple[float, ...]
+    """What it had to beat: the noiseless policy's return from the same start (``policy``),
+    or the data's discounted return-to-go from the start row (``value``)."""
+    kept: tuple[bool, ...]
+    reset_seeds: tuple[int, ...]
+    """The seed of the episode's ``env.reset`` (its reference reset with the same)."""
+    start_rows: tuple[int, ...]
+    """The dataset row the episode branched from (-1: it started at the reset)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutShard:
     """What a rollout task produced: a shard reference and its statistics."""
 
@@ -80,6 +98,10 @@ class RolloutShard:
     episode_returns: tuple[float, ...]
     episodes_dropped: int = 0
     """Episodes the filter dropped (``episode_returns`` holds the kept ones)."""
+    filter_record: FilterRecord | None = None
+    """Each episode's score and reference under ``filter: policy`` or ``value`` (else None)."""
+    seconds: float = 0.0
+    """Wall seconds the task took to make its rows (recorded by the diffusion backend)."""
     simulator_steps: int = 0
     """Environment steps the task took (dropped episodes included; 0 for model rollouts)."""
 
@@ -121,7 +143,8 @@ class RecipeStages(TypedDict):
     weighting: str
     """How its augmented rows are weighted: none, behaviour or policy."""
     policy: str
-    """Its rollout policy: bc, or the learner whose plain run rolls out."""
+    """Its rollout policy: bc, the learner whose plain run rolls out, or none (backend
+    diffusion generates its rows without a policy)."""
     bc: dict[str, str]
     rollout: dict[str, str]
     diagnose: dict[str, str]

@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,106 +107,6 @@ def test_a_saved_run_is_read_back_as_records_stamped_with_its_file_time(tmp_path
     assert len(run["problems"]) == 2 and run["partial"]
 
 
-def test_augmentation_reuse_keeps_the_pairs_this_run_does_not_measure(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_augmentation
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    names = [
-        "augmentation_hopper-medium_cql",
-        "augmentation_hopper-medium_td3bc",
-        "augmentation_pendulum-medium_cql",
-        "augmentation_cql_datasets_won",
-    ]
-    saved = tmp_path / "earlier.jsonl"
-    lines = [json.dumps({"benchmark": name, "run": 1}) for name in names]
-    lines.append(json.dumps({"benchmark": names[1], "run": 2}))  # a later record of a pair
-    saved.write_text("\n".join([*lines, "a log line"]) + "\n")
-    reused = bench_augmentation._reusable(saved, ["hopper-medium"], ["cql"])
-    assert {r["benchmark"]: r["run"] for r in reused} == {names[1]: 2, names[2]: 1}
-    assert bench_augmentation._reusable(None, [], ["cql"]) == []
-
-
-def test_augmentation_extend_joins_the_seeds_of_two_runs(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_augmentation as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    from offaug.pipeline.outcome.statistics import compare
-
-    size = {"dataset": "hopper-medium", "gradient_steps": 10}
-
-    def record(seeds: list[int], plain: list[float], arm: list[float]) -> dict[str, object]:
-        diagnostics = {"reset-0.1": {"rows": [10 * s for s in seeds], "rollout_policy": "bc"}}
-        absolute = {
-            "plain": plain,
-            "bc_normalised_scores": [float(s) for s in seeds],
-            "data": {"normalised_score": 19.7},
-            "rollout_diagnostics": diagnostics,
-        }
-        return bench._record(
-            "hopper-medium", "cql", seeds, {"reset-0.1": arm}, absolute, dict(size)
-        )
-
-    earlier = record([0, 1, 2], [1.0, 2.0, 3.0], [2.0, 3.0, 9.0])
-    later = record([3, 4], [4.0, 5.0], [6.0, 7.0])
-    joined = bench._extended(later, earlier)
-    assert joined["seeds"] == [0, 1, 2, 3, 4] and joined["repeats"] == 5
-    absolute = joined["absolute"]
-    assert absolute["plain"] == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert absolute["recipes"]["reset-0.1"]["per_seed"] == [2.0, 3.0, 9.0, 6.0, 7.0]
-    assert absolute["rollout_diagnostics"]["reset-0.1"]["rows"] == [0, 10, 20, 30, 40]
-    assert absolute["rollout_diagnostics"]["reset-0.1"]["rollout_policy"] == "bc"
-    expected = compare([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 9.0, 6.0, 7.0])
-    assert joined["ratio"] == expected.difference.value
-    assert joined["interval"] == [expected.difference.low, expected.difference.high]
-    with pytest.raises(ValueError, match="seeds"):
-        bench._extended(earlier, earlier)
-    with pytest.raises(ValueError, match="sizes"):
-        bench._extended({**later, "size": {**size, "gradient_steps": 20}}, earlier)
-
-
-def test_augmentation_join_adds_an_earlier_runs_recipes_on_the_same_seeds() -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_augmentation as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    from offaug.pipeline.outcome.statistics import compare
-
-    size = {"dataset": "hopper-medium", "gradient_steps": 10}
-    seeds = [0, 1, 2]
-    plain = [1.0, 2.0, 3.0]
-
-    def record(arms: dict[str, list[float]], plain: list[float]) -> dict[str, object]:
-        diagnostics = {r: {"rows": [len(r)] * 3, "rollout_policy": "bc"} for r in arms}
-        absolute = {
-            "plain": plain,
-            "bc_normalised_scores": [0.0, 1.0, 2.0],
-            "data": {"normalised_score": 19.7},
-            "rollout_diagnostics": diagnostics,
-        }
-        return bench._record("hopper-medium", "cql", seeds, arms, absolute, dict(size))
-
-    earlier = record({"reset-0.1": [2.0, 3.0, 4.0]}, plain)
-    later = record({"td3bc-reset-0.1": [5.0, 6.0, 9.0]}, plain)
-    joined = bench._join(later, earlier)
-    recipes = joined["absolute"]["recipes"]
-    assert set(recipes) == {"reset-0.1", "td3bc-reset-0.1"}
-    assert recipes["reset-0.1"]["per_seed"] == [2.0, 3.0, 4.0]
-    assert set(joined["absolute"]["rollout_diagnostics"]) == set(recipes)
-    assert joined["best_recipe"] == "td3bc-reset-0.1" and joined["seeds"] == seeds
-    expected = compare(plain, [2.0, 3.0, 4.0])
-    assert recipes["reset-0.1"]["difference"] == expected.difference.value
-    # The rerun plain must agree with the earlier one: otherwise the runs trained differently.
-    with pytest.raises(ValueError, match=r"plain scores differ .* seeds \[2\]"):
-        bench._join(record({"td3bc-reset-0.1": [5.0, 6.0, 9.0]}, [1.0, 2.0, 3.5]), earlier)
-    with pytest.raises(ValueError, match="sizes or seeds"):
-        bench._join({**later, "seeds": [0, 1, 5]}, earlier)
-
-
 def test_rebrac_tuning_reuses_an_earlier_runs_points_at_the_same_sizes(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
@@ -237,53 +138,28 @@ def test_rebrac_tuning_reuses_an_earlier_runs_points_at_the_same_sizes(tmp_path:
     assert "0.4/0.1" in keys and "1.0/0.1/normalised" in keys and len(set(keys)) == len(keys)
 
 
-def test_a_recipes_learner_configs_add_to_the_datasets() -> None:
+def _bench_augmentation() -> types.ModuleType:
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
-        import bench_augmentation as bench
+        import bench_augmentation
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    _, combo = bench.RECIPES["combo-reset-0.1"]
-    cql = bench._train_model("cql", combo, "hopper-expert-narrow", bench.FULL).configs["cql"]
-    assert cql["conservative_rows"] == "original"
-    assert cql["conservative_weight"] == bench.MUJOCO_CQL["conservative_weight"]
-    assert tuple(cql["hidden"]) == bench.HIDDEN
-    # Other learners train on the same rollouts with their own configs.
-    td3bc = bench._train_model("td3bc", combo, "hopper-expert-narrow", bench.FULL).configs["td3bc"]
-    assert "conservative_rows" not in td3bc
+    return bench_augmentation
 
 
-def test_an_arm_whose_rollouts_kept_nothing_is_plains_run() -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_augmentation as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    from offaug.pipeline.contracts import AugmentedRef, ModelRef
+def test_every_augmentation_benchmark_workflow_validates(tmp_path: Path) -> None:
+    """Each dataset's workflow (full and thin, both sizes) is one ``offaug run`` accepts."""
+    from offaug.pipeline.schema.workflow import load_workflow
 
-    plain = ModelRef(name="cql", path="plain/checkpoint.pt", checksum="", metrics={})
-    empty = AugmentedRef("aug", 0, 0, 0, "", {}, 0)
-    # No training happens: the arguments after the rollouts are never read.
-    assert bench._plain_if_empty(plain, empty, "cql", None) is plain
-    # Mixing and weighting act only on augmented rows; learner configs and state noise do not.
-    assert not bench._changes_training("td3bc-reset-calibrated-30k-rows")
-    assert bench._changes_training("combo-reset-0.1")
-    assert bench._changes_training("state-noise")
-
-
-def test_a_recipes_rollout_policy_budget_is_not_a_rollout_knob() -> None:
-    """``policy_steps`` sets the rollout policy's own training budget: the rollout config
-    validates without it, and the policy's train config takes it over the dataset's."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_augmentation as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    rollout, _ = bench.RECIPES["td3bc30k-reset-calibrated-30k-rows"]
-    data = types.SimpleNamespace(rows=50_000, episodes=50)
-    model = bench._rollout_model(rollout, data, bench.FULL)
-    assert model.policy == "td3bc" and model.episodes == 30
-    policy = bench._train_model(
-        "td3bc", {"steps": rollout["policy_steps"]}, "halfcheetah-medium", bench.FULL
-    )
-    assert policy.steps == 30_000 != bench._train_steps("halfcheetah-medium", bench.FULL)
+    bench = _bench_augmentation()
+    for name in [n for d in bench.DATASETS for n in (d, f"{d}-thin")]:
+        for sizes in (bench.QUICK, bench.FULL):
+            document = bench.workflow_document(name, tmp_path / "data", [0, 1], sizes, 2)
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(document))
+            workflow = load_workflow(path)
+            assert workflow.seeds == (0, 1) and workflow.source.dataset == str(tmp_path / "data")
+            assert workflow.train.steps == (
+                sizes.train_steps or bench.DATASETS[name.removesuffix("-thin")].train_steps
+            )
+            assert workflow.train.baseline and len(workflow.train.algorithms) >= 4

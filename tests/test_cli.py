@@ -196,3 +196,39 @@ def test_publish_and_verify_a_run_directory(make_test_dataset, tmp_path: Path) -
     assert f"{data.num_episodes} episodes" in only.output
     bad = runner.invoke(app, [*args, "--include", "neither", "--overwrite"])
     assert bad.exit_code == 2
+
+
+def test_quality_reports_simulator_rollouts_against_their_source(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    from offaug.algorithms.evaluate import make_env
+    from offaug.datasets import load_transitions, write_shard_set
+    from offaug.pipeline.rollouts.noise import parse_noise
+    from offaug.pipeline.rollouts.simulator import RolloutConfig, rollout
+    from tests.pipeline.test_rollout import KnownHopperPolicy
+
+    dataset_id = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset_id)
+    config = RolloutConfig(episodes=3, n_envs=3, noise=parse_noise("gaussian:0.3"), seed=2)
+    result = rollout(KnownHopperPolicy(), lambda: make_env(data.meta, max_episode_steps=20), config)
+    shards = tmp_path / "rollouts"
+    write_shard_set(result.transitions, shards)
+
+    out = tmp_path / "quality.json"
+    printed = runner.invoke(
+        app, ["quality", str(shards), "--source", dataset_id, "--json", "--out", str(out)]
+    )
+    assert printed.exit_code == 0, printed.output
+    report = json.loads(printed.stdout)
+    assert json.loads(out.read_text()) == report
+    assert report["rows"] == len(result.transitions) and report["source_rows"] == len(data)
+    # Rollouts in the true env replay exactly from states rebuilt from their observations.
+    assert report["state"]["kind"] == "rebuilt" and report["state"]["env"] == "Hopper-v5"
+    assert report["dynamics_error"]["max"] < 1e-4 and report["reward_error"]["max"] < 1e-4
+
+    table = runner.invoke(app, ["quality", str(shards), "--source", dataset_id])
+    assert table.exit_code == 0, table.output
+    assert "rebuilt" in table.output and "novelty" in table.output
+
+    missing = runner.invoke(app, ["quality", str(tmp_path / "nowhere"), "--source", dataset_id])
+    assert missing.exit_code == 2 and "Traceback" not in missing.output

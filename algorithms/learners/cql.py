@@ -442,6 +442,14 @@ class CQL:
         normalised = self.normaliser(to_tensor(actions, self.device))
         return ensemble_values(self.critic, obs, normalised).min(0).values.cpu().numpy()
 
+    @torch.no_grad()
+    def state_values(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``V(s) = min_e Q_e(s, pi(s))`` at the actor's deterministic action ``tanh(mean)``:
+        ``(B, obs) -> (B,)`` (``base.StateValue``)."""
+        obs = self.observation_normaliser(to_tensor(observations, self.device))
+        actions = self.actor.deterministic(obs)
+        return ensemble_values(self.critic, obs, actions).min(0).values.cpu().numpy()
+
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

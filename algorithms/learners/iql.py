@@ -369,6 +369,14 @@ class IQL:
         q = self.critic(obs, normalised).min(0).values / self.reward_scale
         return q.cpu().numpy()
 
+    @torch.no_grad()
+    def state_values(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``V(s)``, the expectile value net, in the data's reward units: ``(B, obs) -> (B,)``
+        (``base.StateValue``)."""
+        obs = self.observation_normaliser(to_tensor(observations, self.device))
+        value = self.value(obs).squeeze(-1) / self.reward_scale
+        return value.cpu().numpy()
+
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

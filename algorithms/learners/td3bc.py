@@ -342,6 +342,13 @@ class TD3BC:
         normalised = self.normaliser(to_tensor(actions, self.device))
         return self.critic(obs, normalised).min(0).values.cpu().numpy()
 
+    @torch.no_grad()
+    def state_values(self, observations: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``V(s) = min_e Q_e(s, pi(s))`` at the actor's own action: ``(B, obs) -> (B,)``
+        (``base.StateValue``)."""
+        obs = self.observation_normaliser(to_tensor(observations, self.device))
+        return self.critic(obs, self.actor(obs)).min(0).values.cpu().numpy()
+
     # -- checkpoints ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

@@ -144,3 +144,25 @@ class StateNoiser:
     def set_state(self, state: torch.Tensor) -> None:
         """Restore :meth:`get_state`."""
         self.generator.set_state(state)
+
+
+def noisy_copy(data: Transitions, noise: StateNoise, seed: int) -> Transitions:
+    """``data`` with one draw of the noise :class:`StateNoiser` adds, on every row: the
+    transitions a learner sees under S4RL noise (the quality report checks them).
+
+    Scaled by ``data``'s own observation std; its recorded states (``infos/*``) are dropped, as
+    they no longer describe the noisy observations.
+    """
+    noiser = StateNoiser(noise, observation_std([data]), torch.device("cpu"), seed)
+
+    def perturb(observations: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+        array = np.asarray(observations, dtype=np.float32)
+        return array + noiser._draw(torch.Size(array.shape)).numpy()
+
+    extras = {k: v for k, v in data.extras.items() if not k.startswith("infos/")}
+    return dataclasses.replace(
+        data,
+        observations=perturb(data.observations),
+        next_observations=perturb(data.next_observations),
+        extras=extras,
+    )

@@ -15,6 +15,7 @@ from offaug.pipeline.diagnostics.policy_document import (
     RankingEntry,
     ValueEntry,
 )
+from offaug.pipeline.diagnostics.quality_document import QualityReport
 
 SCHEMA_VERSION = 1
 """Version of the :class:`Diagnostics` layout."""
@@ -253,6 +254,10 @@ class Diagnostics(TypedDict):
     """Importance weights of the augmented data."""
     coverage: CoverageSection | None
     """OOD score of augmented states."""
+    quality: dict[str, QualityReport] | None
+    """The quality report of each augmented source by name: the rollout backend's
+    (``simulator``, ``model``, ...) for the augmented shard set, ``state_noise`` for a noisy
+    copy of the source when the recipe's learners trained with state noise (None: neither)."""
     divergence: DivergenceSection
     """Every policy against beta_hat."""
     evaluation: dict[str, EvaluationEntry] | None

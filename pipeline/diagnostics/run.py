@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 
 from offaug.algorithms.training.loop import load_trainer
+from offaug.algorithms.training.state_noise import StateNoise, noisy_copy
 from offaug.datasets import ShardSet, load_transitions
 from offaug.datasets.atomic import write_json_atomic
+from offaug.datasets.transitions import Transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.diagnostics.coverage import state_coverage
 from offaug.pipeline.diagnostics.data import data_section
@@ -44,6 +46,8 @@ from offaug.pipeline.diagnostics.policy_document import (
     ValueEntry,
 )
 from offaug.pipeline.diagnostics.policy_models import BehaviourModel
+from offaug.pipeline.diagnostics.quality import QualitySettings, quality_report
+from offaug.pipeline.diagnostics.quality_document import QualityReport
 from offaug.pipeline.diagnostics.ranking import rank_results
 from offaug.pipeline.diagnostics.sampling import (
     PolicySample,
@@ -160,6 +164,8 @@ def _diagnose(
                 rng=rng,
                 bins=bins,
             )
+    with timer("quality"):
+        quality = _quality(data, original, augmented_data, shard_set, models, config, seed)
 
     # One sample of whole episodes serves every policy check: each policy acts on it once.
     sample = draw_sample(original, config, seed)
@@ -206,6 +212,7 @@ def _diagnose(
         "data": data_part,
         "weights": weights,
         "coverage": coverage,
+        "quality": quality,
         "divergence": divergence,
         "evaluation": evaluation,
         "ranking": ranking,
@@ -215,6 +222,32 @@ def _diagnose(
     }
     converted: dict[str, Any] = jsonable(result)
     return converted
+
+
+def _quality(
+    data: DatasetRef,
+    original: Transitions,
+    augmented: Transitions | None,
+    shard_set: ShardSet | None,
+    models: Sequence[ModelRef],
+    config: DiagnosticsModel,
+    seed: int,
+) -> dict[str, QualityReport] | None:
+    """The ``quality`` section: a report per augmented source (the shard set, named by its
+    rollout backend; a state-noise copy of the source when the learners trained with it)."""
+    settings = QualitySettings(
+        max_states=config.max_states, k=config.k, quantile=config.quantile, seed=seed
+    )
+    reports: dict[str, QualityReport] = {}
+    if augmented is not None and shard_set is not None and len(augmented):
+        backend = str(shard_set.params.get("backend") or "augmented")
+        reports[backend] = quality_report(augmented, original, data.meta, settings=settings)
+    # The train stage records the state noise its learner trained with (None: none).
+    noise = next((m.metrics["state_noise"] for m in models if m.metrics.get("state_noise")), None)
+    if noise is not None:
+        noisy = noisy_copy(original, StateNoise(noise["kind"], float(noise["scale"])), seed)
+        reports["state_noise"] = quality_report(noisy, original, data.meta, settings=settings)
+    return reports or None
 
 
 def diagnose_policy(

@@ -19,11 +19,12 @@ has the name of the first recipe that asked for it.
 
 **Equal steps.** Each run's total gradient steps are those of every model its training depends
 on, found by walking the plan's inputs (each model counted once): its own, the BC clone and the
-learners whose rollouts it trains on (every round; ``rollout.policy_steps``), a dynamics ensemble,
-and the plain run it starts from (``train.init: plain``). With ``train.baseline`` every plain
-learner is trained again for each total an augmented arm spent (``train:LEARNER-baseline[STEPS]``),
-the bar :func:`~offaug.pipeline.outcome.verdict.judge_best` judges the best augmented arm
-against. The run index records each run's ``steps``, ``own_steps`` and ``rollouts``.
+learners whose rollouts it trains on (every round; ``rollout.policy_steps``), a dynamics
+ensemble or a denoiser, and the plain run it starts from (``train.init: plain``). With
+``train.baseline`` every plain learner is trained again for each total an augmented arm spent
+(``train:LEARNER-baseline[STEPS]``), the bar :func:`~offaug.pipeline.outcome.verdict.judge_best`
+judges the best augmented arm against. The run index records each run's ``steps``,
+``own_steps`` and ``rollouts``.
 
 **Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
 (:func:`offaug.algorithms.fused.train.fusable`; with ``auto``, one for which fusing pays on the
@@ -308,16 +309,22 @@ class _Planner:
         self.gradient_steps[name] = recipe.bc.steps
         return name
 
-    def rollout(self, recipe: Recipe, seed: int, bc: str) -> str:
+    def rollout(self, recipe: Recipe, seed: int, bc: str | None) -> str:
         """The rollout tasks and their merge, round after round; return the last merge's name.
 
         A learner named as the rollout policy rolls out its own plain run of this seed in round
         1 (trained for ``rollout.policy_steps`` when given); each later round retrains it on the
         original data and the previous round's rollouts (with the recipe's train settings) and
-        rolls that out. Earlier rounds carry
-        ``.roundK`` in their tag; the last round has the recipe's own names.
+        rolls that out. Earlier rounds carry ``.roundK`` in their tag; the last round has the
+        recipe's own names. The diffusion backend rolls nothing out (``bc`` None):
+        :meth:`generation`.
         """
         rollout = recipe.rollout
+        if rollout.backend == "diffusion":
+            return self.generation(
+                rollout, seed, "" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]"
+            )
+        assert bc is not None, "a policy's rollouts need the BC stage"
         policy_name = str(getattr(rollout, "policy", "bc") or "bc")
         policy_steps = getattr(rollout, "policy_steps", None)
         policy = None if policy_name == "bc" else self.plain(policy_name, seed, policy_steps)
@@ -421,6 +428,58 @@ class _Planner:
         self.rollout_merges.add(merge)
         return merge
 
+    def generation(self, rollout: RolloutModel, seed: int, tag: str) -> str:
+        """The diffusion backend: train the denoiser, sample in tasks (one shard each), merge."""
+        sfx = self.suffix(seed)
+        shards = "augmented" + ("" if not tag and not sfx else path_name(f"{tag}{sfx}"))
+        out = self.layout.augmented.with_name(shards)
+        config = {"diffusion": rollout.diffusion, "seed": seed}
+        denoiser = self.plan.add(
+            StageSpec(
+                f"denoiser{tag}{sfx}",
+                rollout_stages.train_denoiser_stage,
+                config,
+                ("source",),
+                (
+                    Ref("source"),
+                    rollout,
+                    str(self.layout.models / path_name(f"denoiser{tag}{sfx}.pt")),
+                    seed,
+                ),
+            )
+        )
+        self.gradient_steps[denoiser] = rollout.diffusion.steps
+        tasks = [
+            self.plan.add(
+                StageSpec(
+                    f"rollout{tag}:{index}{sfx}",
+                    rollout_stages.diffusion_sample_task,
+                    {"rollout": rollout, "index": index, "seed": seed},
+                    ("source", denoiser),
+                    (
+                        Ref("source"),
+                        Ref(denoiser),
+                        rollout,
+                        str(out / f"shard-{index:05d}.arrow"),
+                        index,
+                        seed,
+                    ),
+                )
+            )
+            for index in range(rollout.tasks)
+        ]
+        merge = self.plan.add(
+            StageSpec(
+                f"rollout{tag}{sfx}",
+                rollout_stages.merge_rollouts,
+                {"rollout": rollout, "seed": seed},
+                tuple(tasks),
+                (RefList(tuple(tasks)), str(out), rollout),
+            )
+        )
+        self.rollout_merges.add(merge)
+        return merge
+
     def diagnose(self, recipe: Recipe, seed: int, bc: str, rollout: str | None) -> str:
         """Each policy's checks (the plain runs' and the recipe's), then their merge."""
         workflow = self.workflow
@@ -481,11 +540,13 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
             for algorithm in workflow.train.algorithms:
                 planner.plain(algorithm, seed)
         for recipe in arms.values():
-            needs_bc = recipe.has_rollouts or (workflow.diagnostics.enabled and seed in diagnosed)
+            needs_bc = recipe.rolls_out_a_policy or (
+                workflow.diagnostics.enabled and seed in diagnosed
+            )
             if needs_bc:
                 bcs[recipe.name, seed] = planner.bc(recipe, seed)
             rollouts[recipe.name][seed] = (
-                planner.rollout(recipe, seed, bcs[recipe.name, seed])
+                planner.rollout(recipe, seed, bcs.get((recipe.name, seed)))
                 if recipe.has_rollouts
                 else None
             )
@@ -503,7 +564,11 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
     for recipe in arms.values():
         stages_of = planner.plan.index["recipes"][recipe.name] = RecipeStages(
             weighting=weighting_of(recipe.train),
-            policy=str(getattr(recipe.rollout, "policy", "bc") or "bc"),
+            policy=(
+                "none"
+                if recipe.rollout.backend == "diffusion"
+                else str(getattr(recipe.rollout, "policy", "bc") or "bc")
+            ),
             bc={str(s): bcs[recipe.name, s] for s in seeds if (recipe.name, s) in bcs},
             rollout={str(s): r for s, r in rollouts[recipe.name].items() if r is not None},
             diagnose={

@@ -62,6 +62,9 @@ class RecipeSummary(TypedDict, total=False):
     """The rollout policy's own normalised score, mean over seeds (when evaluated)."""
     diagnostics: str | None
     """The stage of its merged diagnostics (first diagnosed seed)."""
+    quality: dict[str, Any] | None
+    """The quality report of each augmented source by name (first diagnosed seed; the
+    diagnostics' ``quality``, :mod:`offaug.pipeline.diagnostics.quality`)."""
     noise: list[str]
     """The noise each seed's rollouts used (``rollout.noise``, or what calibration chose)."""
     calibrated: bool
@@ -193,6 +196,7 @@ def recipe_summaries(
             augmented_reward_per_step=_dig(document, "data", "augmented", "reward_mean"),
             rollout_policy_score=_mean(policy_scores),
             diagnostics=diagnose,
+            quality=_dig(document, "quality"),
         )
     return summaries
 

@@ -18,6 +18,7 @@ from offaug.datasets.atomic import atomic_path
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
 from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
 from offaug.pipeline.report.plots import Plot, render_plots
+from offaug.pipeline.report.quality_section import QUALITY_HEADER, quality_rows
 from offaug.pipeline.report.verdict_section import VERDICT_CSS, comparison_html, verdict_html
 from offaug.pipeline.rundir.run_layout import RunLayout
 
@@ -204,6 +205,19 @@ def _coverage_html(coverage: Mapping[str, Any] | None, plots: Mapping[str, Plot]
     return "".join(parts)
 
 
+def _quality_html(recipes: Mapping[str, Any]) -> str:
+    rows = quality_rows(recipes)
+    if not rows:
+        return _missing("No quality report (no augmented data, or no diagnostics).")
+    note = (
+        '<p class="note">Dynamics and reward errors: the augmented rows replayed in the true'
+        " environment (0 for real transitions); novelty: distance to the nearest real"
+        " transition in units of the data's own nearest-neighbour distance (docs/diagnostics.md)."
+        "</p>"
+    )
+    return _table(QUALITY_HEADER, rows) + note
+
+
 def _states(states: Mapping[str, Any] | None) -> str:
     if not states:
         return "—"
@@ -345,6 +359,7 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
         ("Data", _data_html(diagnostics.get("data"), plots)),
         ("Dataset doctor", doctor_html(metrics.get("doctor"))),
         ("State coverage", _coverage_html(diagnostics.get("coverage"), plots)),
+        ("Augmented data quality", _quality_html(metrics.get("recipes") or {})),
         ("Policy divergence from β̂", _divergence_html(diagnostics.get("divergence"))),
         ("Value over-estimation", _value_html(diagnostics.get("value"), plots)),
         ("Off-policy evaluation", _ope_html(diagnostics.get("ope"))),

@@ -40,7 +40,7 @@ def calibrate_noise(task: RolloutTask, calibration: CalibrationSettings) -> dict
     episodes, else the smallest tried) and every probe, for the manifest and the report.
     """
     if task.config.filter == "none":
-        raise ValueError("noise_calibration needs rollout.filter 'data': nothing to probe against")
+        raise ValueError("noise_calibration needs a rollout.filter: nothing to probe against")
     texts = [f"gaussian:{sigma:g}" for sigma in calibration.scales]
     probes = (
         dataclasses.replace(

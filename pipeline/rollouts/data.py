@@ -31,7 +31,9 @@ from offaug.datasets.transitions import Transitions
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 StartsKind = Literal["uniform", "sparse", "disagreement"]
-FilterKind = Literal["none", "data"]
+FilterKind = Literal["none", "data", "policy", "value"]
+"""``data``: against the data's return; ``policy`` and ``value``: against the policy's own
+(:mod:`offaug.pipeline.rollouts.references`)."""
 SPARSITY_NEIGHBOURS = 5
 """k of the k-NN distance that ``sparse`` starts weight by."""
 RESET_START = -1

@@ -5,8 +5,18 @@ networks predicts a Gaussian over (next-state difference, reward) and a terminat
 (state, action); members are trained together (one batched ensemble op) on independent
 bootstrap draws of the data. Rollouts of horizon H start from dataset states: at each step the
 BC policy plus noise picks actions (with the same log-probabilities as simulator rollouts), a
-random member predicts the step, and the reward is penalised by the ensemble's uncertainty,
-``r - lambda * max_k ||sigma_k(s, a)||`` (MOPO's max-aleatoric penalty).
+random member predicts the step, and the reward is penalised by the ensemble's uncertainty
+``u(s, a)``, ``r - coefficient * u(s, a)``, one of
+
+* ``mopo``: ``u = max_k ||sigma_k(s, a)||``, MOPO's max-aleatoric penalty (its lambda is the
+  coefficient);
+* ``mobile``: Sun et al. 2023, "Model-Bellman Inconsistency for Model-based Offline Reinforcement
+  Learning" (MOBILE), ICML. ``u`` is the std over members k of the Bellman target
+  ``r_k + gamma * V(s'_k)``, each member's target averaged over ``mobile_samples`` draws
+  (s'_k, r_k) of its Gaussian; ``V`` is the rollout learner's own value, ``min_j Q_j(s', pi(s'))``
+  of its critics at its action (IQL: its V net), with its discount
+  (:class:`offaug.pipeline.rollouts.policies.DiscountedValue`), so only a learner with a value
+  can roll out with it (the coefficient is the paper's beta).
 
 States are kept within the dataset's bounds: a step whose predicted next state leaves them
 (beyond a margin) or is NaN is dropped, and its rollout ends at the step before, as truncated.
@@ -25,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +54,10 @@ from offaug.pipeline.rollouts.behaviour import (
 )
 from offaug.pipeline.rollouts.data import EpisodeFilter
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
+from offaug.pipeline.rollouts.policies import DiscountedValue
+
+PenaltyKind = Literal["mopo", "mobile"]
+"""The uncertainty a model rollout's reward is penalised by (the module docstring says each)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +78,26 @@ class DynamicsConfig:
     """Share of transitions kept out of training for the validation loss."""
     horizon: int = 5
     """Model rollout length H."""
-    penalty: float = 1.0
-    """lambda in r - lambda * uncertainty."""
+    penalty: PenaltyKind = "mopo"
+    """Which uncertainty penalises the reward: MOPO's or MOBILE's."""
+    penalty_coefficient: float = 1.0
+    """The coefficient in ``r - coefficient * uncertainty`` (MOPO's lambda, MOBILE's beta)."""
+    mobile_samples: int = 10
+    """MOBILE: draws of (s', r) per member whose Bellman targets are averaged."""
     bounds_margin: float = 0.1
     """States may exceed the dataset's range by this share of it before a rollout stops."""
     seed: int = 0
     """Seed of initialisation, bootstrap draws and rollouts."""
+
+
+def mobile_penalty(rewards: torch.Tensor, next_values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """MOBILE's uncertainty from each member's draws: ``(S, E, B), (S, E, B) -> (B,)``.
+
+    The Bellman target ``r + gamma * V(s')`` of every draw, averaged over a member's ``S``
+    draws, then its (unbiased) std over the ``E`` members.
+    """
+    targets = rewards + gamma * next_values  # (S, E, B)
+    return targets.mean(0).std(0)
 
 
 def gaussian_nll(mean: torch.Tensor, log_var: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -188,6 +216,28 @@ class DynamicsEnsemble:
         return next_observations, rewards, terminals, uncertainty
 
     @torch.no_grad()
+    def bellman_inconsistency(
+        self,
+        observations: torch.Tensor,
+        actions: torch.Tensor,
+        value: DiscountedValue,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """MOBILE's uncertainty at each (s, a) of a batch: ``(B, obs), (B, act) -> (B,)``."""
+        mean, log_var, _ = self._predict(observations, actions)  # (E, B, target)
+        std = torch.exp(0.5 * log_var)
+        noise = torch.randn((self.config.mobile_samples, *mean.shape), generator=generator)
+        draws = (mean + std * noise) * self.stats["target_std"] + self.stats["target_mean"]
+        next_observations = observations + draws[..., : self.observation_dim]  # (S, E, B, obs)
+        rewards = draws[..., -1]  # (S, E, B)
+        # (S, E, B, obs) -> (S * E * B, obs): the learner values every draw in one batch.
+        flat = next_observations.reshape(-1, self.observation_dim).numpy()
+        next_values = torch.as_tensor(
+            np.asarray(value.value(flat), dtype=np.float32).reshape(rewards.shape)
+        )
+        return mobile_penalty(rewards, next_values, value.gamma)
+
+    @torch.no_grad()
     def disagreement(
         self, observations: npt.ArrayLike, actions: npt.ArrayLike, chunk: int = 4096
     ) -> npt.NDArray[np.float64]:
@@ -277,7 +327,11 @@ def load_dynamics(path: str | Path) -> DynamicsEnsemble:
     checkpoint = load_checkpoint(path)
     if checkpoint.algorithm != "dynamics":
         raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint, not a dynamics model")
-    config = config_from_json(DynamicsConfig, checkpoint.config)
+    saved = dict(checkpoint.config)
+    if isinstance(saved.get("penalty"), (int, float)):
+        # Checkpoints from before the choice of penalty hold MOPO's lambda under "penalty".
+        saved["penalty_coefficient"] = float(saved.pop("penalty"))
+    config = config_from_json(DynamicsConfig, saved)
     stats = {k: v.numpy() for k, v in checkpoint.state["stats"].items()}
     model = DynamicsEnsemble(
         checkpoint.spaces.observation_dim, checkpoint.spaces.action_dim, config, stats
@@ -297,6 +351,7 @@ def model_rollout(
     horizon: int | None = None,
     start_rows: npt.NDArray[np.int64] | None = None,
     episode_filter: EpisodeFilter | None = None,
+    value: DiscountedValue | None = None,
 ) -> Transitions:
     """Roll ``policy`` out in the model from every start observation for ``horizon`` steps.
 
@@ -305,8 +360,15 @@ def model_rollout(
         start_rows: The dataset rows the start observations are (for ``episode_filter``).
         episode_filter: Drop rollouts that earn less than the data from the same row; the
             number dropped is ``meta["episodes_dropped"]``.
+        value: V(s') and gamma for MOBILE's penalty (the rollout learner's own); required
+            when the model's config says ``penalty="mobile"``.
     """
     config = model.config
+    if config.penalty == "mobile" and value is None:
+        raise ValueError(
+            "MOBILE's penalty needs a value function: roll out a learner with a value of its"
+            " own (rollout.policy iql, td3bc, cql or rebrac)"
+        )
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     n = len(start_observations)
@@ -331,9 +393,16 @@ def model_rollout(
         next_obs, rewards, terminals, uncertainty = model.step(
             obs, torch.as_tensor(env_actions), member, generator
         )
+        if config.penalty == "mobile":
+            assert value is not None
+            uncertainty = model.bellman_inconsistency(
+                obs, torch.as_tensor(env_actions), value, generator
+            )
         next_np = next_obs.numpy()
         raw_reward = rewards.numpy()
-        finite = np.isfinite(next_np).all(1) & np.isfinite(raw_reward)
+        penalised = raw_reward - config.penalty_coefficient * uncertainty.numpy()
+        # A draw the learner values at NaN or inf (the model far outside the data) drops the step.
+        finite = np.isfinite(next_np).all(1) & np.isfinite(penalised)
         inside = ((next_np >= low) & (next_np <= high)).all(1)
         keep = alive & finite & inside
         steps.append(
@@ -341,7 +410,7 @@ def model_rollout(
                 "alive": keep,
                 "observations": observations,
                 "actions": env_actions,
-                "rewards": (raw_reward - config.penalty * uncertainty.numpy()).astype(np.float32),
+                "rewards": penalised.astype(np.float32),
                 "raw_reward": raw_reward.astype(np.float32),
                 "uncertainty": uncertainty.numpy().astype(np.float32),
                 "next_observations": next_np.astype(np.float32),
@@ -363,6 +432,7 @@ def model_rollout(
         raw_rewards = np.stack([step["raw_reward"] for step in steps], 1).astype(np.float64)
         returns = (raw_rewards * alive_steps).sum(1)
         keep = episode_filter.keep(returns, alive_steps.sum(1), start_rows)
+    meta = {**dict(meta or {}), "penalty": config.penalty}
     return _assemble(steps, n, max_weight, meta, keep)
 
 

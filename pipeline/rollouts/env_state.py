@@ -12,6 +12,17 @@ A dataset records, per observation, the state that puts its env back there (writ
   (Pendulum, Acrobot), else the state itself as float32 (CartPole, MountainCar).
 
 The env is reset first (so its time limit and episode bookkeeping start afresh) and then set.
+
+Rows that record no state (generated or perturbed transitions, rollouts) can have it rebuilt
+from the observation where the observation holds all of it (:func:`rebuild_states`):
+
+* ``mujoco``, where the observation is ``(qpos[k:], qvel)`` (Hopper, HalfCheetah, Walker2d,
+  Swimmer, InvertedPendulum): the ``k`` positions it leaves out (the root's x; x and y for
+  Swimmer) are set to the env's initial ones; these tasks do not depend on them (the forward
+  reward is a difference of x);
+* ``control``: Pendulum's ``(cos, sin, thetadot)`` and Acrobot's ``(cos, sin, cos, sin, dot,
+  dot)`` give their angles back through ``atan2``; CartPole's and MountainCar's observation is
+  the state.
 """
 
 from __future__ import annotations
@@ -120,3 +131,54 @@ def set_state(env: Any, kind: StateKind, state: StateRow) -> npt.NDArray[Any]:
         name = base.spec.id if base.spec else type(base).__name__
         raise StateError(f"{name}: cannot set a {kind.name} state; use start='reset'")
     return kind.apply(base, state)
+
+
+def _angles(columns: tuple[int, ...], rates: tuple[int, ...]) -> Callable[[Any], Any]:
+    """Rebuild [angle..., rate...] from observations holding (cos, sin) pairs at ``columns``."""
+
+    def rebuild(observations: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        angles = [np.arctan2(observations[:, c + 1], observations[:, c]) for c in columns]
+        return np.stack([*angles, *(observations[:, r] for r in rates)], 1)
+
+    return rebuild
+
+
+CONTROL_REBUILDS: dict[str, Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]] = {
+    "PendulumEnv": _angles((0,), (2,)),
+    "AcrobotEnv": _angles((0, 2), (4, 5)),
+    "CartPoleEnv": lambda observations: observations,
+    "MountainCarEnv": lambda observations: observations,
+    "Continuous_MountainCarEnv": lambda observations: observations,
+}
+"""Classic-control envs (by unwrapped class name) whose state is a function of the observation."""
+
+
+def rebuild_states(env: Any, observations: npt.ArrayLike) -> StartStates:
+    """The states behind ``observations`` of a (reset) ``env``, rebuilt from them alone.
+
+    Whether a row's rebuilt state is right shows when it is set: :func:`set_state` returns the
+    observation there, which must equal the row's.
+
+    Raises:
+        StateError: the env's observation does not hold its state (the reason says why).
+    """
+    base = env.unwrapped
+    obs = np.asarray(observations, dtype=np.float64)
+    name = base.spec.id if base.spec else type(base).__name__
+    if obs.ndim != 2:
+        raise StateError(f"{name}: observations of shape {obs.shape[1:]} are not state vectors")
+    if hasattr(base, "set_state") and hasattr(base, "model"):
+        nq, nv = int(base.model.nq), int(base.model.nv)
+        hidden = nq + nv - obs.shape[1]
+        if not 0 <= hidden <= nq:
+            raise StateError(
+                f"{name}: its {obs.shape[1]}-d observation is not (qpos[k:], qvel) with"
+                f" nq={nq}, nv={nv} (it holds more than the simulator state)"
+            )
+        init = np.broadcast_to(np.asarray(base.init_qpos[:hidden]), (len(obs), hidden))
+        qpos = np.concatenate([init, obs[:, : nq - hidden]], 1)
+        return StartStates(STATE_KINDS[0], {"qpos": qpos, "qvel": obs[:, nq - hidden :]})
+    rebuild = CONTROL_REBUILDS.get(type(base).__name__)
+    if rebuild is None:
+        raise StateError(f"{name}: no known way to rebuild its state from an observation")
+    return StartStates(STATE_KINDS[1], {CONTROL_STATE_KEY: rebuild(obs)})

@@ -1,7 +1,7 @@
 """Episodes in progress during a rollout: per-environment staging, then growing columns.
 
 Each environment's current episode is staged in arrays sized for a whole time limit; a finished
-episode moves to :class:`GrowingColumns` with its length, return and start row.
+episode moves to :class:`GrowingColumns` with its length, return, start row and reset seed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class EpisodeStaging:
         self.episode_lengths: list[int] = []
         self.returns: list[float] = []
         self.start_rows: list[int] = []
+        self.reset_seeds: list[int] = []
 
     def record(self, rows: npt.NDArray[np.int64], values: Mapping[str, npt.NDArray[Any]]) -> None:
         """Append one step to each of ``rows``' episodes."""
@@ -37,7 +38,7 @@ class EpisodeStaging:
         if self.lengths[env] > 0:
             self.staging["timeouts"][env, self.lengths[env] - 1] = True
 
-    def finish(self, env: int, start_row: int) -> None:
+    def finish(self, env: int, start_row: int, reset_seed: int = 0) -> None:
         """Move ``env``'s episode to the output (if it has steps) and empty its staging."""
         n = int(self.lengths[env])
         if n > 0:
@@ -45,6 +46,7 @@ class EpisodeStaging:
             self.episode_lengths.append(n)
             self.returns.append(float(self.staging["rewards"][env, :n].astype(np.float64).sum()))
             self.start_rows.append(start_row)
+            self.reset_seeds.append(reset_seed)
         self.lengths[env] = 0
 
 

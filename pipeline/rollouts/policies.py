@@ -9,6 +9,8 @@ centred on the learner's deterministic action, and beta_hat is still the BC poli
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -114,6 +116,31 @@ class LearnerRolloutPolicy:
     @property
     def log_abs_det(self) -> float:
         return self.behaviour.log_abs_det
+
+    def discounted_value(self) -> DiscountedValue:
+        """The learner's own ``V(s)`` (:class:`offaug.algorithms.base.StateValue`: its critics
+        at its action, IQL's V) and the discount it learned with: MOBILE's penalty needs them.
+
+        Raises:
+            ValueError: the learner has no value of its own.
+        """
+        state_values = getattr(self.learner, "state_values", None)
+        if not callable(state_values):
+            raise ValueError(
+                f"MOBILE's penalty needs V(s') of the rollout learner; a"
+                f" {type(self.learner).__name__} has no state_values"
+            )
+        return DiscountedValue(state_values, float(self.learner.config.gamma))
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscountedValue:
+    """A state-value function and its discount: what MOBILE's penalty needs of a policy."""
+
+    value: Callable[[npt.NDArray[np.float32]], npt.NDArray[Any]]
+    """``V(s)`` of a batch of states in the data's reward units: ``(B, obs) -> (B,)``."""
+    gamma: float
+    """The discount of ``r + gamma * V(s')``."""
 
 
 def load_rollout_policy(behaviour: str, learner: str | None = None) -> Any:

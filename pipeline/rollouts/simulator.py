@@ -29,8 +29,12 @@ given probabilities (``sparse`` starts, :mod:`offaug.pipeline.rollouts.data`). W
 every episode ends as truncated after H steps (short branched rollouts, as in MBPO/MOPO), from
 dataset states and resets alike.
 
-**Filter.** ``filter: data`` drops an episode that earns less than the data from the same start
-before the weights are computed (:class:`~offaug.pipeline.rollouts.data.EpisodeFilter`).
+**Filter.** Before the weights are computed, ``filter: data`` drops an episode that earns less
+than the data from the same start (:class:`~offaug.pipeline.rollouts.data.EpisodeFilter`);
+``filter: policy`` one that does not beat the noiseless policy's return from the same reset seed
+and dataset state (rolled out in the same environments once the noisy episodes are done), and
+``filter: value`` a branch whose value-bootstrapped discounted return does not beat the data's
+from its start row (:mod:`offaug.pipeline.rollouts.references`).
 
 **Faults.** An ``env.step`` that raises ends that environment's episode as truncated (the
 previous step becomes a timeout; the failed step is not data), the environment is reset, and
@@ -52,6 +56,7 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from offaug.datasets.transitions import Source, Transitions
+from offaug.pipeline.contracts import FilterRecord
 from offaug.pipeline.rollouts.behaviour import (
     RolloutPolicy,
     noise_centre,
@@ -62,6 +67,8 @@ from offaug.pipeline.rollouts.data import (
     RESET_START,
     EpisodeFilter,
     FilterKind,
+    FloatArray,
+    IntArray,
     StartsKind,
     keep_episodes,
 )
@@ -69,6 +76,7 @@ from offaug.pipeline.rollouts.env_state import StartStates, StateError, set_stat
 from offaug.pipeline.rollouts.env_state import dataset_start_states as dataset_start_states
 from offaug.pipeline.rollouts.episodes import EpisodeStaging
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, DiscreteNoise, NoiseSpec
+from offaug.pipeline.rollouts.references import ValueFilter, beats, noiseless_returns
 
 logger = logging.getLogger(__name__)
 StartKind = Literal["reset", "dataset"]
@@ -105,11 +113,13 @@ class RolloutConfig:
     starts: StartsKind = "uniform"
     """How dataset start states were weighted (the probabilities come with the states)."""
     filter: FilterKind = "none"
-    """``data``: drop episodes that earn less than the data from the same start."""
+    """``data``: drop episodes that earn less than the data from the same start; ``policy``:
+    those that do not beat the noiseless policy from the same start; ``value``: branches whose
+    bootstrapped discounted return does not beat the data's from the same row."""
     filter_margin: float = 0.0
-    """Reward per step an episode may fall short of the data by and still be kept."""
+    """Reward per step an episode may fall short of its reference by and still be kept."""
     filter_tolerance: float = 0.0
-    """Fraction of the data's expected return an episode may fall short by and still be kept."""
+    """Fraction of the reference's size an episode may fall short by and still be kept."""
     max_faults: int = 1000
     """Stop with an error after this many environment faults."""
 
@@ -139,6 +149,8 @@ class RolloutResult:
     bad_steps: list[dict[str, Any]]
     episodes_dropped: int = 0
     """Episodes the filter dropped (not in ``transitions`` or ``episode_returns``)."""
+    filter_record: FilterRecord | None = None
+    """Every episode's score and reference under ``filter: policy`` or ``value`` (else None)."""
     simulator_steps: int = 0
     """Environment steps taken (``env.step`` calls, failed ones and dropped episodes included)."""
 
@@ -150,7 +162,7 @@ def rollout(
     *,
     start_states: StartStates | None = None,
     start_probabilities: npt.NDArray[np.float64] | None = None,
-    episode_filter: EpisodeFilter | None = None,
+    episode_filter: EpisodeFilter | ValueFilter | None = None,
     meta: Mapping[str, Any] | None = None,
     close_envs: bool = True,
 ) -> RolloutResult:
@@ -164,7 +176,9 @@ def rollout(
         config: Episodes, environments, noise, seed, clipping, start states, horizon, filter.
         start_states: The dataset's states to branch from when ``config.start == "dataset"``.
         start_probabilities: (N,) how likely each start state is drawn (None: uniformly).
-        episode_filter: What an episode must earn to be kept (needed by ``filter: data``).
+        episode_filter: What an episode must earn to be kept: the data's
+            :class:`EpisodeFilter` for ``filter: data``, the learner's :class:`ValueFilter` for
+            ``filter: value`` (``filter: policy`` needs none: its references are rolled out).
         meta: Copied into the result's ``Transitions.meta`` (spaces, env spec, provenance).
         close_envs: Close the environments at the end (False when they come from a pool).
     """
@@ -176,22 +190,29 @@ def rollout(
         raise ValueError("horizon must be positive (or None)")
     if config.start == "dataset" and start_states is None:
         raise RolloutError("start='dataset' needs the dataset's recorded states (infos/...)")
-    if config.filter == "data" and episode_filter is None:
+    if config.filter == "data" and not isinstance(episode_filter, EpisodeFilter):
         raise ValueError("filter='data' needs the data's episode filter")
+    if config.filter == "value" and not isinstance(episode_filter, ValueFilter):
+        raise ValueError("filter='value' needs the learner's value filter")
+    if config.filter == "value" and config.start != "dataset":
+        raise RolloutError(
+            "filter='value' compares branches with the data's return-to-go from their start row:"
+            " it needs start='dataset' and a dataset that records its states"
+        )
     # Rollout steps multiply small matrices: a multi-threaded BLAS only spins on a busy
     # machine, so numpy's BLAS runs on one thread here.
     with threadpool_limits(limits=1):
-        chosen_filter = episode_filter if config.filter == "data" else None
         run = _Rollout(policy, env_factory, config, (start_states, start_probabilities))
-        run.episode_filter = chosen_filter
+        run.episode_filter = episode_filter if config.filter in ("data", "value") else None
         try:
             while run.active.any():
                 run.step()
+            # Inside the try: filter 'policy' rolls its references out in the same envs.
+            return run.result(meta)
         finally:
             if close_envs:
                 for env in run.envs:
                     env.close()
-        return run.result(meta)
 
 
 @dataclasses.dataclass
@@ -217,7 +238,7 @@ class _Rollout:
     ) -> None:
         self.policy, self.config = policy, config
         self.start_states, self.start_probabilities = starts
-        self.episode_filter: EpisodeFilter | None = None
+        self.episode_filter: EpisodeFilter | ValueFilter | None = None
         self.rng = np.random.default_rng(config.seed)
         n_envs = min(config.n_envs, config.episodes)
         if config.simulator_steps is not None:
@@ -256,6 +277,7 @@ class _Rollout:
         self.observations = np.zeros((n_envs, self.observation_dim), dtype=np.float32)
         self.active = np.ones(n_envs, dtype=bool)
         self.start_rows = np.full(n_envs, RESET_START, dtype=np.int64)
+        self.reset_seeds = np.zeros(n_envs, dtype=np.int64)
         self.started = 0
         self.step_count = 0
         self.simulator_steps = 0
@@ -270,6 +292,7 @@ class _Rollout:
             try:
                 seed = int(config.seed * 100_003 + self.started * 7 + attempt)
                 obs, _ = self.envs[i].reset(seed=seed)
+                self.reset_seeds[i] = seed
                 if config.start == "dataset":
                     assert self.start_states is not None
                     row = self._draw_start_row(len(self.start_states))
@@ -296,7 +319,7 @@ class _Rollout:
 
     def finish_episode(self, i: int) -> None:
         """Keep environment ``i``'s episode; start its next one, or retire it."""
-        self.episodes.finish(i, int(self.start_rows[i]))
+        self.episodes.finish(i, int(self.start_rows[i]), int(self.reset_seeds[i]))
         self.start_rows[i] = RESET_START
         budget = self.config.simulator_steps
         if budget is None:
@@ -312,7 +335,7 @@ class _Rollout:
         """End environment ``i``'s episode where it stands, as truncated (the step budget is
         spent), and start no other."""
         self.episodes.mark_last_timeout(i)
-        self.episodes.finish(i, int(self.start_rows[i]))
+        self.episodes.finish(i, int(self.start_rows[i]), int(self.reset_seeds[i]))
         self.start_rows[i] = RESET_START
         self.active[i] = False
 
@@ -443,11 +466,9 @@ class _Rollout:
         lengths = np.asarray(self.episodes.episode_lengths, dtype=np.int64)
         returns = np.asarray(self.episodes.returns, dtype=np.float64)
         dropped = 0
-        if self.episode_filter is not None:
-            start_rows = np.asarray(self.episodes.start_rows, dtype=np.int64)
-            ends = np.cumsum(lengths) - 1
-            terminated = np.asarray(data["terminals"], dtype=bool)[ends]
-            keep = self.episode_filter.keep(returns, lengths, start_rows, terminated)
+        record = None
+        if self.config.filter != "none":
+            keep, record = self._judge(data, lengths, returns)
             data = keep_episodes(data, lengths, keep)
             lengths, returns = lengths[keep], returns[keep]
             dropped = int((~keep).sum())
@@ -484,8 +505,40 @@ class _Rollout:
             weights.stats,
             self.bad_steps,
             dropped,
+            record,
             self.simulator_steps,
         )
+
+    def _judge(
+        self, data: Mapping[str, npt.NDArray[Any]], lengths: IntArray, returns: FloatArray
+    ) -> tuple[npt.NDArray[np.bool_], FilterRecord | None]:
+        """Which finished episodes the filter keeps, and what it compared (None for ``data``)."""
+        start_rows = np.asarray(self.episodes.start_rows, dtype=np.int64)
+        reset_seeds = np.asarray(self.episodes.reset_seeds, dtype=np.int64)
+        ends = np.cumsum(lengths) - 1
+        terminated = np.asarray(data["terminals"], dtype=bool)[ends]
+        if isinstance(self.episode_filter, EpisodeFilter):
+            return self.episode_filter.keep(returns, lengths, start_rows, terminated), None
+        if isinstance(self.episode_filter, ValueFilter):
+            scores = self.episode_filter.scores(
+                data["rewards"], lengths, data["next_observations"][ends], terminated
+            )
+            references = self.episode_filter.references(start_rows)
+        else:
+            scores = returns
+            references = noiseless_returns(
+                self.policy, self.envs, reset_seeds, start_rows, self.start_states, self.limit
+            )
+        config = self.config
+        keep = beats(scores, references, lengths, config.filter_margin, config.filter_tolerance)
+        record = FilterRecord(
+            scores=tuple(scores.tolist()),
+            references=tuple(references.tolist()),
+            kept=tuple(keep.tolist()),
+            reset_seeds=tuple(reset_seeds.tolist()),
+            start_rows=tuple(start_rows.tolist()),
+        )
+        return keep, record
 
 
 def describe(result: RolloutResult) -> str:

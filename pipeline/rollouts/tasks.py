@@ -6,8 +6,8 @@ dataset (its states to branch from, where branches start, the returns the filter
 with), rolls out (:func:`offaug.pipeline.rollouts.simulator.rollout`) and writes one shard
 atomically;
 :func:`merge_rollout_shards` writes the shard set's manifest over the finished tasks, with the
-weight statistics, the self-normalisation constant and the filter's counts pooled over every
-shard.
+weight statistics, the self-normalisation constant and the filter's counts (and, for the
+filters against the policy's own reference, its scores and references) pooled over every shard.
 :func:`rollout_to_shard_set` does all three in this process and replaces a directory as a whole.
 :func:`rollout_results` rolls one task out under several configs in memory, loading once.
 """
@@ -34,7 +34,7 @@ from offaug.datasets.shards import (
 )
 from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
-from offaug.pipeline.contracts import RolloutShard
+from offaug.pipeline.contracts import FilterRecord, RolloutShard
 from offaug.pipeline.rollouts.behaviour import weight_statistics
 from offaug.pipeline.rollouts.data import (
     EpisodeFilter,
@@ -44,6 +44,7 @@ from offaug.pipeline.rollouts.data import (
     start_probabilities,
 )
 from offaug.pipeline.rollouts.env_state import dataset_start_states, load_with_states
+from offaug.pipeline.rollouts.references import ValueFilter
 from offaug.pipeline.rollouts.simulator import RolloutConfig, RolloutResult, rollout
 
 
@@ -101,7 +102,8 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
         len(result.faults),
         tuple(result.episode_returns),
         result.episodes_dropped,
-        result.simulator_steps,
+        filter_record=result.filter_record,
+        simulator_steps=result.simulator_steps,
     )
 
 
@@ -110,8 +112,8 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
 
     The policy, the dataset, its branch points and the filter's returns are loaded once, from
     ``task.config``: the configs may differ from it in episodes (or simulator steps), noise and
-    seed only (the
-    probes of :mod:`offaug.pipeline.rollouts.calibration`). Lazy, so a caller can stop early.
+    seed only (the probes of :mod:`offaug.pipeline.rollouts.calibration`). Lazy, so a caller can
+    stop early.
     """
     # torch comes with these: imported when a task runs, not when a Dask worker unpickles the
     # stage module.
@@ -136,7 +138,7 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
     }
     start_states = dataset_start_states(data) if branch else None
     probabilities = dataset_start_probabilities(data, config) if branch else None
-    episode_filter = data_filter(data, config)
+    episode_filter = data_filter(data, config) or value_filter(data, config, policy)
     pool_key = json.dumps([data.meta.get("env_spec"), task.env_id, kwargs], sort_keys=True)
     pool = _ENV_POOL.setdefault(pool_key, [])
     taken: list[Any] = []
@@ -207,12 +209,31 @@ class FilterSettings(Protocol):
 
 
 def data_filter(data: Transitions, settings: FilterSettings) -> EpisodeFilter | None:
-    """The episode filter of ``filter: data`` (None for ``none``)."""
-    if settings.filter == "none":
+    """The episode filter of ``filter: data`` (None for any other filter)."""
+    if settings.filter != "data":
         return None
     return EpisodeFilter(
         ReturnBaseline.from_transitions(data), settings.filter_margin, settings.filter_tolerance
     )
+
+
+def value_filter(data: Transitions, settings: FilterSettings, policy: Any) -> ValueFilter | None:
+    """The filter of ``filter: value`` (None for any other filter): the rollout learner's own
+    value and discount over ``data``'s returns-to-go.
+
+    Raises:
+        ValueError: the rollout policy is not a learner with a value (the BC clone, BCQ).
+    """
+    if settings.filter != "value":
+        return None
+    learner: Any = getattr(policy, "learner", None)
+    if not callable(getattr(learner, "state_values", None)):
+        raise ValueError(
+            "filter 'value' needs a rollout learner with a value of its own (rollout.policy:"
+            " iql, td3bc, rebrac or cql), not "
+            + ("the BC clone" if learner is None else type(learner).__name__)
+        )
+    return ValueFilter.from_data(data, learner.state_values, float(learner.config.gamma))
 
 
 def filter_counts(results: Sequence[RolloutShard]) -> dict[str, int]:
@@ -220,6 +241,32 @@ def filter_counts(results: Sequence[RolloutShard]) -> dict[str, int]:
     return {
         "kept": sum(len(r.episode_returns) for r in results),
         "dropped": sum(r.episodes_dropped for r in results),
+    }
+
+
+def filter_references(results: Sequence[RolloutShard]) -> dict[str, float | int | None] | None:
+    """What the filter against the policy's own reference compared, pooled over every task
+    (None for the other filters): the mean score and reference of the kept and of the dropped
+    episodes, the kept episodes' mean improvement on their references, and how many references
+    could not be computed (an environment that raised)."""
+    records = [r.filter_record for r in results if r.filter_record is not None]
+    if not records:
+        return None
+    scores = np.concatenate([np.asarray(r.scores, dtype=np.float64) for r in records])
+    references = np.concatenate([np.asarray(r.references, dtype=np.float64) for r in records])
+    kept = np.concatenate([np.asarray(r.kept, dtype=bool) for r in records])
+
+    def mean(values: npt.NDArray[np.float64]) -> float | None:
+        finite = values[np.isfinite(values)]
+        return float(finite.mean()) if len(finite) else None
+
+    return {
+        "kept_score": mean(scores[kept]),
+        "kept_reference": mean(references[kept]),
+        "dropped_score": mean(scores[~kept]),
+        "dropped_reference": mean(references[~kept]),
+        "kept_improvement": mean(scores[kept] - references[kept]),
+        "missing_references": int((~np.isfinite(references)).sum()),
     }
 
 
@@ -276,16 +323,18 @@ def merge_rollout_shards(
     for result in results:
         part = read_shard(result.shard.path, checksum=result.shard.checksum)
         meta = dict(part.meta)
-        if (
-            part.importance_weight is not None
-            and part.behaviour_log_prob is not None
-            and part.rollout_log_prob is not None
-        ):
-            weights.append(np.asarray(part.importance_weight, dtype=np.float64))
+        if part.importance_weight is None:
+            continue
+        weight = np.asarray(part.importance_weight, dtype=np.float64)
+        weights.append(weight)
+        if part.behaviour_log_prob is not None and part.rollout_log_prob is not None:
             log_ratios.append(
                 np.asarray(part.behaviour_log_prob, dtype=np.float64)
                 - np.asarray(part.rollout_log_prob, dtype=np.float64)
             )
+        else:
+            # Generated rows carry no densities: their weight (1) is the whole ratio.
+            log_ratios.append(np.log(weight))
     max_weight = float(params.get("max_weight", RolloutConfig.max_weight))
     pooled_weights = np.concatenate(weights) if weights else np.zeros(0)
     pooled = weight_statistics(
@@ -309,12 +358,14 @@ def merge_rollout_shards(
             "weight_stats": pooled,
             **normaliser,
             "filter_counts": filter_counts(results),
+            "filter_references": filter_references(results),
             "per_shard": [
                 {
                     "weight_stats": r.weight_stats,
                     "faults": r.faults,
                     "episodes": len(r.episode_returns),
                     "episodes_dropped": r.episodes_dropped,
+                    "filter_record": _record_json(r.filter_record),
                 }
                 for r in results
             ],
@@ -323,6 +374,15 @@ def merge_rollout_shards(
     )
     shard_set.write_manifest()
     return ShardSet.open(directory)
+
+
+def _record_json(record: FilterRecord | None) -> dict[str, list[Any]] | None:
+    """A filter record as strict JSON: a reference that could not be computed is null."""
+    if record is None:
+        return None
+    values = {name: list(value) for name, value in dataclasses.asdict(record).items()}
+    values["references"] = [r if np.isfinite(r) else None for r in record.references]
+    return values
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,13 +17,20 @@ from typing import Any
 from pydantic import BaseModel
 
 from offaug.datasets.shards import ShardRef
-from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
+from offaug.pipeline.contracts import (
+    AugmentedRef,
+    DatasetRef,
+    FilterRecord,
+    ModelRef,
+    RolloutShard,
+)
 
 RESULT_TYPES: dict[str, type[Any]] = {
     "DatasetRef": DatasetRef,
     "ModelRef": ModelRef,
     "AugmentedRef": AugmentedRef,
     "RolloutShard": RolloutShard,
+    "FilterRecord": FilterRecord,
     "ShardRef": ShardRef,
 }
 """The result dataclasses a stage record can hold, by the name stored in ``"__type__"``."""

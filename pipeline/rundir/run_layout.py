@@ -11,6 +11,7 @@
       shards/augmented/    the augmented shard set (one shard per rollout task) + manifest
       models/bc/           the BC policy (checkpoint.pt, metrics.jsonl, config.json)
       models/dynamics.pt   the learned-dynamics ensemble (model backend only)
+      models/denoiser.pt   the diffusion model of the transitions (diffusion backend only)
       models/<algo>-<data>/  one training run per learner and data: original / augmented
       logs/run.log         when runs started and finished, and locks taken over
 

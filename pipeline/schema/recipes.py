@@ -53,6 +53,11 @@ class Recipe:
     @property
     def has_rollouts(self) -> bool:
         """Whether it makes augmented data (backend ``none`` trains on the original only)."""
+        return self.rollout.backend in ("simulator", "model", "diffusion")
+
+    @property
+    def rolls_out_a_policy(self) -> bool:
+        """Whether its augmented data comes from a policy's rollouts (it needs the BC clone)."""
         return self.rollout.backend in ("simulator", "model")
 
 

@@ -42,8 +42,11 @@ class RolloutHorizon:
 
 
 def rollout_horizon(workflow: Workflow, facts: EnvFacts) -> RolloutHorizon | None:
-    """The longest rollout ``workflow`` makes (None: the env's time limit is not known)."""
+    """The longest rollout ``workflow`` makes (None: the env's time limit is not known, or the
+    backend generates transitions without rolling out)."""
     rollout = workflow.rollout
+    if rollout.backend == "diffusion":
+        return None
     if rollout.backend == "model":
         return RolloutHorizon(rollout.dynamics.horizon, "model", "rollout.dynamics.horizon")
     if rollout.max_episode_steps is not None:

@@ -266,6 +266,8 @@ def _film_replays(
 
     if rollouts.source is not None and len(rollouts) and rollouts.source[0] == Source.MODEL:
         return {"unavailable": "model rollouts have no simulator states to show"}
+    if rollouts.source is not None and len(rollouts) and rollouts.source[0] == Source.GENERATED:
+        return {"unavailable": "generated transitions have no simulator states to show"}
     if not {f"infos/{k}" for k in SIMULATOR_STATE_KEYS} <= set(original.extras):
         return {"unavailable": "the dataset records no simulator state to replay from"}
     qpos, qvel = (np.asarray(original.extras[f"infos/{key}"]) for key in SIMULATOR_STATE_KEYS)

@@ -1,4 +1,5 @@
-"""The rollout stages: tasks of simulator or model rollouts, the dynamics model, the merge.
+"""The rollout stages: tasks of simulator or model rollouts, the dynamics model, the diffusion
+model and its sample tasks, the merge.
 
 Plain functions from small records and config to small records, as every stage in
 :mod:`offaug.pipeline.stages.learning` (which the graph wires them from). ``policy_model`` is the
@@ -10,6 +11,7 @@ are imported inside the stages that use them (see :mod:`offaug.pipeline.stages.l
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from offaug.pipeline.rollouts.tasks import (
     RolloutTask,
     data_filter,
     filter_counts,
+    filter_references,
     merge_rollout_shards,
     run_rollout_task,
     split_tasks,
@@ -127,6 +130,8 @@ def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed:
             steps=dyn.steps,
             horizon=dyn.horizon,
             penalty=dyn.penalty,
+            penalty_coefficient=dyn.penalty_coefficient,
+            mobile_samples=dyn.mobile_samples,
             seed=seed,
         ),
     )
@@ -147,7 +152,8 @@ def model_rollout_task(
     """One task of model rollouts from dataset states, written as one shard.
 
     Start states are drawn as ``rollout.starts`` says (uniform, sparse, or where the ensemble
-    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`.
+    disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`, and its
+    own value is MOBILE's V(s') (``dynamics.penalty: mobile``).
     """
     # torch comes with these: imported when the task runs, not when a worker unpickles stages.
     from offaug.datasets.shards import write_shard
@@ -156,7 +162,7 @@ def model_rollout_task(
 
     original = load_transitions(data.source)
     model = load_dynamics(dynamics.path)
-    model = _with_seed(model, seed * 1000 + task_index)
+    model = _for_task(model, config, seed * 1000 + task_index)
     rng = np.random.default_rng(seed * 1000 + task_index)
     probabilities = None
     if config.starts == "sparse":
@@ -167,6 +173,11 @@ def model_rollout_task(
     rows = rng.choice(len(original), size=config.dynamics.starts, p=probabilities)
     starts = np.asarray(original.observations[rows])
     policy = load_rollout_policy(bc.path, None if policy_model is None else policy_model.path)
+    value = None
+    if config.dynamics.penalty == "mobile":
+        if policy_model is None:
+            raise ValueError("dynamics.penalty 'mobile' needs a learner as rollout.policy")
+        value = policy.discounted_value()
     meta = {
         **data.meta,
         "provenance": {
@@ -190,6 +201,7 @@ def model_rollout_task(
         horizon=config.horizon,
         start_rows=rows.astype(np.int64),
         episode_filter=data_filter(original, config),
+        value=value,
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
@@ -206,8 +218,101 @@ def model_rollout_task(
     )
 
 
-def _with_seed(model: Any, seed: int) -> Any:
-    model.config = dataclasses.replace(model.config, seed=seed)
+PER_100K = 100_000
+"""The sample count the diffusion backend's costs are given for (seconds per 100k samples)."""
+
+
+def diffusion_seed(config: RolloutModel, seed: int) -> int:
+    """The diffusion backend's seed: ``rollout.diffusion.seed``, else the run's."""
+    return seed if config.diffusion.seed is None else config.diffusion.seed
+
+
+def train_denoiser_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
+    """Fit the diffusion model of the source's transitions (rollout backend 'diffusion').
+
+    It trains on CUDA when the worker has it. Its metrics: ``train_loss``, ``train_seconds``,
+    ``device`` and ``train_seconds_per_100k_samples`` (the training time spread over
+    ``diffusion.samples``, per 100,000 generated transitions).
+    """
+    # torch and diffusers come with this: imported when the stage runs (see the top).
+    from offaug.pipeline.rollouts.diffusion import DiffusionConfig, save_diffusion, train_diffusion
+
+    settings = config.diffusion
+    model, metrics = train_diffusion(
+        load_transitions(data.source),
+        DiffusionConfig(
+            width=settings.width,
+            blocks=settings.blocks,
+            steps=settings.steps,
+            batch_size=settings.batch_size,
+            learning_rate=settings.learning_rate,
+            sampler_steps=settings.sampler_steps,
+            seed=diffusion_seed(config, seed),
+        ),
+    )
+    path = save_diffusion(model, out)
+    per_100k = metrics["train_seconds"] * PER_100K / settings.samples
+    return ModelRef(
+        name="diffusion",
+        path=str(path),
+        checksum=file_checksum(path),
+        metrics={
+            **metrics,
+            "device": str(model.diffusion.device),
+            "train_seconds_per_100k_samples": per_100k,
+        },
+    )
+
+
+def diffusion_sample_task(
+    data: DatasetRef,
+    denoiser: ModelRef,
+    config: RolloutModel,
+    shard_path: str,
+    task_index: int,
+    seed: int,
+) -> RolloutShard:
+    """Task ``task_index`` of the diffusion backend: its share of ``diffusion.samples``
+    generated transitions, written as one shard (what a row holds:
+    :mod:`offaug.pipeline.rollouts.diffusion`)."""
+    from offaug.datasets.shards import write_shard
+    from offaug.pipeline.rollouts.diffusion import generate, load_diffusion
+
+    total, tasks = config.diffusion.samples, config.tasks
+    count = total // tasks + (1 if task_index < total % tasks else 0)
+    started = time.perf_counter()
+    model = load_diffusion(denoiser.path)
+    out = generate(model, count, diffusion_seed(config, seed) * 1000 + task_index, data.meta)
+    seconds = time.perf_counter() - started
+    out = dataclasses.replace(
+        out,
+        meta={
+            **out.meta,
+            "provenance": {
+                "source": data.source,
+                "denoiser": denoiser.path,
+                "denoiser_checkpoint_xxh3": denoiser.checksum,
+                "seed": seed,
+                "task_index": task_index,
+            },
+        },
+    )
+    Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
+    ref = write_shard(out, shard_path)
+    # No episode returns: a generated row is a one-step episode, and there is no filter to count.
+    return RolloutShard(ref, {}, 0, (), seconds=seconds)
+
+
+def _for_task(model: Any, config: RolloutModel, seed: int) -> Any:
+    # The penalty is the workflow's, whichever settings the ensemble was trained with.
+    dyn = config.dynamics
+    model.config = dataclasses.replace(
+        model.config,
+        seed=seed,
+        penalty=dyn.penalty,
+        penalty_coefficient=dyn.penalty_coefficient,
+        mobile_samples=dyn.mobile_samples,
+    )
     return model
 
 
@@ -222,30 +327,69 @@ def merge_rollouts(
     The reference's ``metrics``: ``policy`` (``rollout.policy``), ``noise`` (what the tasks
     used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
     without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
-    ``dropped``), ``episode_return`` (the mean return of the kept episodes, None without any)
-    and ``simulator_steps`` (the environment steps every task took; 0 for model rollouts).
+    ``dropped``; for ``policy`` and ``value`` also ``references``, what the episodes were
+    compared with: :func:`~offaug.pipeline.rollouts.tasks.filter_references`),
+    ``episode_return`` (the mean return of the kept episodes, None without any) and
+    ``simulator_steps`` (the environment steps every task took; 0 for model rollouts).
+    Generated transitions (backend ``diffusion``) have no policy, noise, filter or episode
+    return (None, and filter kind ``none``); their ``diffusion`` entry holds the ``samples``,
+    the tasks' ``sample_seconds`` and ``sample_seconds_per_100k_samples``.
     """
+    generated = config.backend == "diffusion"
     noise = config.noise.text if calibration is None else str(calibration["noise"])
-    shard_set = merge_rollout_shards(
-        out,
-        results,
-        {
+    params: dict[str, Any] = {"backend": config.backend, "tasks": config.tasks}
+    if generated:
+        params["diffusion"] = config.diffusion.model_dump(mode="json")
+    else:
+        params |= {
             "noise": noise,
             "noise_calibration": calibration,
             "max_weight": config.max_weight,
-            "backend": config.backend,
             "episodes": config.episodes,
             "simulator_steps": config.simulator_steps,
-            "tasks": config.tasks,
             "policy": config.policy,
             "horizon": config.horizon,
             "starts": config.starts,
             "filter": config.filter,
             "filter_margin": config.filter_margin,
             "filter_tolerance": config.filter_tolerance,
-        },
-    )
+        }
+    shard_set = merge_rollout_shards(out, results, params)
     returns = [r for result in results for r in result.episode_returns]
+    metrics: dict[str, Any] = {
+        "policy": config.policy,
+        "noise": noise,
+        "noise_calibration": calibration,
+        "filter": {
+            "kind": config.filter,
+            "margin": config.filter_margin,
+            "tolerance": config.filter_tolerance,
+            **filter_counts(results),
+            "references": filter_references(results),
+        },
+        "episode_return": float(np.mean(returns)) if returns else None,
+        "simulator_steps": sum(r.simulator_steps for r in results),
+    }
+    if generated:
+        # What generating cost, for a cost record (the training's is the denoiser stage's).
+        seconds = sum(r.seconds for r in results)
+        metrics |= {
+            "policy": None,
+            "noise": None,
+            "filter": {
+                "kind": "none",
+                "margin": 0.0,
+                "tolerance": 0.0,
+                "kept": 0,
+                "dropped": 0,
+                "references": None,
+            },
+            "diffusion": {
+                "samples": shard_set.rows,
+                "sample_seconds": seconds,
+                "sample_seconds_per_100k_samples": seconds * PER_100K / max(shard_set.rows, 1),
+            },
+        }
     return AugmentedRef(
         directory=shard_set.directory,
         rows=shard_set.rows,
@@ -254,17 +398,5 @@ def merge_rollouts(
         manifest_checksum=file_checksum(shard_set.manifest_path),
         weight_stats=dict(shard_set.params["weight_stats"]),
         faults=sum(r.faults for r in results),
-        metrics={
-            "policy": config.policy,
-            "noise": noise,
-            "noise_calibration": calibration,
-            "filter": {
-                "kind": config.filter,
-                "margin": config.filter_margin,
-                "tolerance": config.filter_tolerance,
-                **filter_counts(results),
-            },
-            "episode_return": float(np.mean(returns)) if returns else None,
-            "simulator_steps": sum(r.simulator_steps for r in results),
-        },
+        metrics=metrics,
     )

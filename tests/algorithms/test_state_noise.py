@@ -164,3 +164,25 @@ def test_state_noise_leaves_the_sampled_batch_and_other_columns_alone(make_test_
     torch.testing.assert_close(batch.observations, before, rtol=0, atol=0)
     for name in ("actions", "rewards", "terminals", "timeouts", "weights"):
         assert getattr(noisy, name) is getattr(batch, name)
+
+
+def test_a_noisy_copy_has_the_loops_noise_and_no_recorded_states(make_test_dataset) -> None:
+    from offaug.algorithms.training.state_noise import noisy_copy
+    from offaug.pipeline.rollouts.env_state import load_with_states
+
+    data, _ = load_with_states(make_test_dataset("hopper").dataset_id)
+    assert "infos/qpos" in data.extras
+    noisy = noisy_copy(data, StateNoise("gaussian", 0.1), seed=0)
+    assert not any(name.startswith("infos/") for name in noisy.extras)
+    std = observation_std([data])
+    for clean, perturbed in (
+        (data.observations, noisy.observations),
+        (data.next_observations, noisy.next_observations),
+    ):
+        offsets = (np.asarray(perturbed, np.float64) - clean) / np.where(std > 0, std, 1.0)
+        assert offsets.std() == pytest.approx(0.1, rel=0.1)
+    np.testing.assert_array_equal(noisy.actions, data.actions)
+    np.testing.assert_array_equal(noisy.rewards, data.rewards)
+    # The same seed draws the same copy.
+    again = noisy_copy(data, StateNoise("gaussian", 0.1), seed=0)
+    np.testing.assert_array_equal(again.observations, noisy.observations)

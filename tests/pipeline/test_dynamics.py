@@ -1,25 +1,33 @@
-"""The learned-dynamics ensemble and its MOPO-style rollouts on a real Hopper dataset."""
+"""The learned-dynamics ensemble and its MOPO and MOBILE rollouts on a real Hopper dataset."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from offaug.datasets import load_transitions
 from offaug.pipeline.rollouts.dynamics import (
     DynamicsConfig,
+    DynamicsEnsemble,
     dataset_statistics,
     load_dynamics,
+    mobile_penalty,
     model_rollout,
     save_dynamics,
     train_dynamics,
 )
 from offaug.pipeline.rollouts.noise import parse_noise
+from offaug.pipeline.rollouts.policies import DiscountedValue
+from offaug.pipeline.schema.validation import WorkflowError
+from offaug.pipeline.schema.workflow import load_workflow
 from tests.pipeline.test_rollout import KnownHopperPolicy
 
 CONFIG = DynamicsConfig(members=4, hidden=(64, 64), steps=250, horizon=5, seed=0)
@@ -61,7 +69,7 @@ def test_rollouts_have_horizon_bounds_and_penalties(trained) -> None:
         np.testing.assert_array_equal(episode.next_observations[:-1], episode.observations[1:])
     np.testing.assert_allclose(
         out.rewards,
-        out.extras["raw_reward"] - CONFIG.penalty * out.extras["model_uncertainty"],
+        out.extras["raw_reward"] - CONFIG.penalty_coefficient * out.extras["model_uncertainty"],
         rtol=1e-5,
         atol=1e-5,
     )
@@ -149,3 +157,106 @@ def test_disagreement_scores_every_state_and_the_filter_drops_rollouts(trained) 
     assert len(out) == 0 and out.meta["episodes_dropped"] > 0
     kept = model_rollout(model, KnownHopperPolicy(), starts, horizon=2)
     assert np.diff(kept.episode_bounds()).max() <= 2 and kept.meta["episodes_dropped"] == 0
+
+
+def test_mobile_penalty_is_the_members_std_of_their_mean_bellman_targets() -> None:
+    # Two draws (S) of three members (E) at one state (B = 1); gamma 0.5.
+    rewards = torch.tensor([[[1.0], [0.0], [2.0]], [[3.0], [0.0], [2.0]]])
+    next_values = torch.tensor([[[2.0], [4.0], [0.0]], [[2.0], [0.0], [4.0]]])
+    # Targets r + 0.5 V: member 0: 2, 4 -> 3; member 1: 2, 0 -> 1; member 2: 2, 4 -> 3.
+    # Mean 7/3; unbiased variance ((2/3)^2 + (4/3)^2 + (2/3)^2) / 2 = 4/3.
+    penalty = mobile_penalty(rewards, next_values, gamma=0.5)
+    assert penalty.shape == (1,)
+    assert penalty.item() == pytest.approx(math.sqrt(4 / 3), rel=1e-6)
+
+
+def _toy_ensemble(biases: list[list[float]], samples: int) -> DynamicsEnsemble:
+    """Members that predict constant (delta s, r) = their bias, with a vanishing variance."""
+    obs_dim = len(biases[0]) - 1
+    target = obs_dim + 1
+    stats = {
+        "input_mean": np.zeros(obs_dim + 1),
+        "input_std": np.ones(obs_dim + 1),
+        "target_mean": np.zeros(target),
+        "target_std": np.ones(target),
+        "observation_low": np.full(obs_dim, -10.0),
+        "observation_high": np.full(obs_dim, 10.0),
+    }
+    config = DynamicsConfig(
+        members=len(biases), hidden=(), penalty="mobile", mobile_samples=samples
+    )
+    model = DynamicsEnsemble(obs_dim, 1, config, stats)
+    with torch.no_grad():
+        (layer,) = model.net.layers
+        layer.weight.zero_()
+        layer.bias.zero_()
+        layer.bias[:, 0, :target] = torch.tensor(biases)
+        # Both log-variance bounds far down: std ~ exp(-20), draws equal the means.
+        layer.bias[:, 0, target : 2 * target] = -40.0
+        model.max_log_var.fill_(-40.0)
+        model.min_log_var.fill_(-40.0)
+    return model
+
+
+def test_mobile_penalty_of_a_toy_ensemble_equals_the_hand_computation() -> None:
+    # Three members over a 2-d state: (delta s_1, delta s_2, r).
+    model = _toy_ensemble([[1.0, 0.0, 0.0], [0.0, 2.0, 1.0], [-1.0, 0.0, 2.0]], samples=3)
+    value = DiscountedValue(lambda s: s.sum(axis=1), gamma=0.5)  # V(s) = s_1 + s_2
+    state = torch.tensor([[1.0, 1.0]])
+    penalty = model.bellman_inconsistency(
+        state, torch.zeros(1, 1), value, torch.Generator().manual_seed(0)
+    )
+    # s'_k = (2, 1), (1, 3), (0, 1); targets r_k + V(s'_k) / 2: 1.5, 3.0, 2.5; mean 7/3;
+    # unbiased variance ((5/6)^2 + (2/3)^2 + (1/6)^2) / 2 = 7/12.
+    assert penalty.item() == pytest.approx(math.sqrt(7 / 12), rel=1e-5)
+
+
+def test_mobile_rollouts_penalise_by_the_bellman_inconsistency(trained) -> None:
+    data, model = trained
+    mobile = copy.copy(model)
+    mobile.config = dataclasses.replace(
+        model.config, penalty="mobile", penalty_coefficient=0.5, mobile_samples=2
+    )
+    starts = np.array(data.observations[::20])
+    with pytest.raises(ValueError, match="MOBILE's penalty needs a value function"):
+        model_rollout(mobile, KnownHopperPolicy(), starts)
+    # A real value of the data's scale: the discounted sum of a reward of the first state dim.
+    value = DiscountedValue(lambda s: 10.0 * np.tanh(s[:, 0]), gamma=0.99)
+    out = model_rollout(mobile, KnownHopperPolicy(), starts, value=value)
+    assert out.meta["penalty"] == "mobile" and len(out) > 0
+    uncertainty = out.extras["model_uncertainty"]
+    assert (uncertainty > 0).all()
+    np.testing.assert_allclose(
+        out.rewards, out.extras["raw_reward"] - 0.5 * uncertainty, rtol=1e-5, atol=1e-5
+    )
+    # A constant V leaves only the members' reward spread; the first step (row 0, drawn before
+    # any of MOBILE's draws) is the same model step in both.
+    flat = DiscountedValue(lambda s: np.zeros(len(s)), gamma=0.99)
+    reward_only = model_rollout(mobile, KnownHopperPolicy(), starts, value=flat)
+    np.testing.assert_array_equal(reward_only.next_observations[0], out.next_observations[0])
+    assert 0 < reward_only.extras["model_uncertainty"][0] != pytest.approx(uncertainty[0])
+
+
+def _workflow(tmp_path: Path, rollout: dict[str, Any]) -> Path:
+    path = tmp_path / "workflow.yaml"
+    document = {"name": "w", "source": {"dataset": "a/b-v0"}, "rollout": rollout}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_mobile_needs_a_learner_with_a_value_as_the_rollout_policy(tmp_path: Path) -> None:
+    rollout: dict[str, Any] = {"backend": "model", "dynamics": {"penalty": "mobile"}}
+    with pytest.raises(WorkflowError, match=r"the BC clone has no critic.*'mobile' needs"):
+        load_workflow(_workflow(tmp_path, rollout))
+    with pytest.raises(WorkflowError, match=r"bcq.*Use one of: .*td3bc"):
+        load_workflow(_workflow(tmp_path, {**rollout, "policy": "bcq"}))
+    workflow = load_workflow(_workflow(tmp_path, {**rollout, "policy": "td3bc"}))
+    assert workflow.rollout.dynamics.penalty == "mobile"
+
+
+def test_a_number_as_the_penalty_is_mopos_lambda(tmp_path: Path) -> None:
+    workflow = load_workflow(
+        _workflow(tmp_path, {"backend": "model", "dynamics": {"penalty": 0.25}})
+    )
+    assert workflow.rollout.dynamics.penalty == "mopo"
+    assert workflow.rollout.dynamics.penalty_coefficient == 0.25

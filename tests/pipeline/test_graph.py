@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -522,9 +523,14 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
     # One noise per seed (the rollout default, uncalibrated); no filter, so no kept counts.
     assert recipe["noise"] == [workflow.rollout.noise.text] * 2 and not recipe["calibrated"]
     assert recipe["episodes_kept"] is None
+    # Beside the verdict, the quality of the recipe's rollouts: simulator rollouts of Hopper
+    # replay in the env from states rebuilt from their observations.
+    quality = recipe["quality"]["simulator"]
+    assert quality["state"]["kind"] == "rebuilt" and quality["dynamics_error"]["max"] < 1e-4
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert page.index("<h2>Does augmentation help?</h2>") < page.index("<h2>Headline</h2>")
     assert "bc with mixed" in page
+    assert "<td>mixed</td><td>simulator</td><td>rebuilt</td>" in page
 
 
 @pytest.mark.slow
@@ -623,3 +629,38 @@ def test_rollout_rounds_run_on_workers_and_score_the_last_policy(
     assert metrics["recipes"]["augmented"]["rollout_policy_score"] == pytest.approx(
         retrained["normalised_score"]
     )
+
+
+@pytest.mark.slow
+def test_mobile_model_rollouts_run_on_workers_with_the_learners_critics(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Model rollouts with MOBILE's penalty: TD3+BC's plain run is the rollout policy whose
+    critics value the ensemble's next states; the recipe's quality report is the model's."""
+    dynamics = {"members": 3, "hidden": [16], "steps": 30, "starts": 20}
+    workflow = _workflow(
+        tmp_path,
+        rollout={
+            "backend": "model",
+            "policy": "td3bc",
+            "tasks": 1,
+            "horizon": 2,
+            "dynamics": {**dynamics, "penalty": "mobile", "mobile_samples": 2},
+        },
+        train={"configs": {"bc": {"hidden": [16, 16]}, "td3bc": {"hidden": [16, 16]}}},
+        diagnostics={"enabled": True, "max_states": 200, "k": 3},
+    )
+    run_dir = tmp_path / "run"
+    run_workflow(workflow, run_dir, scheduler=cluster.address)
+    stages = json.loads((run_dir / "stages.json").read_text())["stages"]
+    assert stages["rollout:0"]["inputs"] == ["source", "bc", "train:td3bc-original", "dynamics"]
+    shards = ShardSet.open(run_dir / "shards" / "augmented")
+    rows = shards.load()
+    assert len(rows) > 0 and rows.meta["penalty"] == "mobile"
+    np.testing.assert_allclose(
+        rows.rewards, rows.extras["raw_reward"] - rows.extras["model_uncertainty"], atol=1e-5
+    )
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    quality = metrics["recipes"]["augmented"]["quality"]["model"]
+    # Model rollouts of Hopper: states rebuilt from the observations, with a model's error.
+    assert quality["state"]["kind"] == "rebuilt" and quality["dynamics_error"]["median"] > 0

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from offaug.datasets import load_transitions
 from offaug.datasets.shards import read_shard
 from offaug.pipeline.contracts import ModelRef
-from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig
+from offaug.pipeline.schema.run_sections import EvaluationModel
+from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig, TrainModel
 from offaug.pipeline.stages import learning as stages
 from offaug.pipeline.stages import rollouts as rollout_stages
 
@@ -158,3 +159,52 @@ def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["params"]["noise"] == calibration["noise"]
     assert manifest["params"]["noise_calibration"]["trials"] == trials
+
+
+def test_mobile_model_rollouts_take_v_from_the_rollout_learner(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    from offaug.pipeline.rollouts.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+    from offaug.pipeline.rollouts.policies import load_rollout_policy
+
+    made = make_test_dataset("hopper", "hdf5")
+    data = stages.prepare_source(SourceConfig(dataset=made.dataset_id))
+    small = BCConfigModel(steps=30, hidden=(32, 32), evaluation_episodes=0)
+    bc = stages.train_bc(data, small, str(tmp_path / "bc"), 0)
+    train = TrainModel(
+        algorithms=("td3bc",), steps=20, configs={"td3bc": {"hidden": [32, 32], "batch_size": 32}}
+    )
+    learner = stages.train_offline(
+        "td3bc", data, None, train, EvaluationModel(episodes=1), str(tmp_path / "td3bc"), 0
+    )
+    config = RolloutModel(
+        backend="model", policy="td3bc", horizon=2, dynamics={"penalty": "mobile", "starts": 20}
+    )
+    model, _ = train_dynamics(
+        load_transitions(made.dataset_id),
+        DynamicsConfig(members=3, hidden=(32,), steps=50, penalty="mobile", mobile_samples=2),
+    )
+    dynamics = ModelRef("dynamics", str(save_dynamics(model, tmp_path / "dyn.pt")), "", {})
+    shard = rollout_stages.model_rollout_task(
+        data, bc, dynamics, config, str(tmp_path / "aug" / "shard-00000.arrow"), 0, 0, learner
+    )
+    out = read_shard(shard.shard.path)
+    assert out.meta["penalty"] == "mobile" and len(out) > 0
+    np.testing.assert_allclose(
+        out.rewards,
+        out.extras["raw_reward"] - out.extras["model_uncertainty"],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    # V(s) is TD3+BC's min over its critics at its own action, with its discount.
+    policy = load_rollout_policy(bc.path, learner.path)
+    value = policy.discounted_value()
+    states = np.asarray(out.observations[:4])
+    expected = policy.learner.q_values(states, policy.learner.act(states))
+    np.testing.assert_allclose(value.value(states), expected, rtol=1e-5, atol=1e-5)
+    assert value.gamma == policy.learner.config.gamma
+    # Without a learner the stage refuses, as the schema does.
+    with pytest.raises(ValueError, match="needs a learner"):
+        rollout_stages.model_rollout_task(
+            data, bc, dynamics, config, str(tmp_path / "x" / "shard-00000.arrow"), 0, 0
+        )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from offaug.datasets import DataError
-from offaug.pipeline.contracts import DatasetRef, ModelRef
+from offaug.datasets.shards import ShardRef
+from offaug.pipeline.contracts import DatasetRef, FilterRecord, ModelRef, RolloutShard
 from offaug.pipeline.rundir.files import StageRecords, read_stage_records
 from offaug.pipeline.rundir.run_layout import RunLayout
 
@@ -29,3 +31,14 @@ def test_stage_records_decode_to_their_types(tmp_path: Path) -> None:
         read.result("source", ModelRef)
     with pytest.raises(FileNotFoundError, match=r"stages\.json"):
         read_stage_records(tmp_path / "elsewhere")
+
+
+def test_a_rollout_shards_filter_record_round_trips(tmp_path: Path) -> None:
+    record = FilterRecord((1.0, 2.0), (0.5, float("nan")), (True, False), (3, 4), (-1, 7))
+    shard = RolloutShard(ShardRef("s.arrow", 5, 1, "c", 1, ("rewards",)), {}, 0, (1.0,), 1, record)
+    records = StageRecords(RunLayout(tmp_path))
+    records.record("rollout:0", "k", shard, 1.0, None, [])
+    read = read_stage_records(tmp_path).result("rollout:0", RolloutShard).filter_record
+    assert isinstance(read, FilterRecord)
+    assert read.kept == (True, False) and read.start_rows == (-1, 7)
+    assert read.references[0] == 0.5 and math.isnan(read.references[1])

@@ -83,6 +83,11 @@ def test_run_diagnostics_writes_every_section(hopper: Hopper, tmp_path: Path) ->
     assert json.loads(out.read_text()) == result
     for section in ("data", "weights", "coverage", "divergence", "evaluation", "ranking", "ope"):
         assert result[section] is not None, section
+    # Simulator rollouts are the env's own transitions: their states, rebuilt from Hopper's
+    # observations, step to the recorded next states (the manifest names no backend here).
+    quality = result["quality"]["augmented"]
+    assert quality["state"]["kind"] == "rebuilt" and quality["state"]["rows_unset"] == 0
+    assert quality["dynamics_error"]["max"] < 1e-4 and quality["terminal_mismatch"] == 0
     policies = result["divergence"]["policies"]
     assert {"bc", "rollout", "bc-original"} <= set(policies)
     assert policies["rollout"]["kl_monte_carlo"] > 0
@@ -145,9 +150,23 @@ def test_run_diagnostics_without_augmented_data(hopper: Hopper, tmp_path: Path) 
     )
     assert result["weights"] is None
     assert result["coverage"] is None
+    assert result["quality"] is None
     assert result["data"]["augmented"] is None
     assert "rollout" not in result["divergence"]["policies"]
     assert result["data"]["effective_horizon"] == pytest.approx(100.0)
+
+
+def test_state_noise_gets_a_quality_report_of_a_noisy_copy(hopper: Hopper, tmp_path: Path) -> None:
+    noisy = dataclasses.replace(
+        hopper.bc, name="bc-noisy", metrics={"state_noise": {"kind": "gaussian", "scale": 0.1}}
+    )
+    result = diag.run_diagnostics(
+        hopper.ref, None, hopper.bc, [noisy], CONFIG, str(tmp_path / "d.json"), 0, settings=FAST
+    )
+    quality = result["quality"]["state_noise"]
+    assert quality["rows"] == len(hopper.data) and quality["state"]["kind"] == "rebuilt"
+    # Noise of 0.1 std on s and s' leaves s' about that far from where the env goes.
+    assert 0.05 < quality["dynamics_error"]["median"] < 1.0
 
 
 def test_diagnose_run_reads_the_run_records(hopper: Hopper, tmp_path: Path) -> None:
