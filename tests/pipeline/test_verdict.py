@@ -80,6 +80,8 @@ def test_an_arm_whose_filter_kept_nothing_says_so() -> None:
 def _arm(
     learner: str, recipe: str, scores: list[float], steps: int, own: int | None = None
 ) -> list[RunScore]:
+    """One run per seed with ``steps`` in all; an augmented arm (``own`` given) trained ``own``
+    of them itself and rolled out 900 simulator steps, a plain arm none."""
     return [
         RunScore(learner, recipe, seed, score, steps, own or steps, 0 if own is None else 900)
         for seed, score in enumerate(scores)
