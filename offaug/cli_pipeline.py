@@ -176,6 +176,8 @@ def print_summary(run_dir: Path) -> None:
 
 def _scores_table(training: dict[str, Any]) -> Table:
     """Learner by recipe (plain first), each cell every seed's score."""
+    from offaug.pipeline.contracts import is_plain  # the data stack: see the module docstring
+
     cells: dict[str, dict[str, list[str]]] = {}
     recipes: list[str] = ["original"]
     for name, entry in training.items():
@@ -193,17 +195,21 @@ def _scores_table(training: dict[str, Any]) -> Table:
     table = Table(title="scores (normalised; return in brackets; one per seed)")
     table.add_column("learner")
     for recipe in recipes:
-        table.add_column("original" if recipe == "original" else f"original + {recipe}")
+        table.add_column(recipe if is_plain(recipe) else f"original + {recipe}")
     for learner, row in cells.items():
         table.add_row(learner, *[", ".join(row.get(recipe, ["-"])) for recipe in recipes])
     return table
 
 
 def print_verdict(metrics: dict[str, Any]) -> None:
-    """The verdict's headline (does augmentation help, per learner, with its interval)."""
+    """The verdict's headline (does augmentation help, per learner, with its interval), then
+    the study's answer: the best augmented arm against the best plain arm at equal steps."""
     line = metrics.get("verdict_headline")
     if line:
         console.print(f"[bold]verdict:[/] {line}", highlight=False)
+    best = (metrics.get("comparison") or {}).get("sentence")
+    if best:
+        console.print(f"[bold]best vs best:[/] {best}", highlight=False)
 
 
 def print_headline(metrics: dict[str, Any], title: str) -> None:

@@ -17,6 +17,10 @@ from offaug.datasets.shards import ShardRef
 
 PLAIN = "original"
 """The recipe name of training on the original data alone."""
+BASELINE = "baseline"
+"""Recipe names of plain runs at another gradient-step budget: ``baseline[STEPS]``
+(:func:`baseline_recipe`), e.g. the plain arm an augmented arm is judged against at equal total
+gradient steps, or a rollout policy trained for ``rollout.policy_steps``."""
 VIDEO_STAGE_PREFIX = "video:"
 """Stage names of the report's media: ``video:<model>`` per trained policy and ``video:data``."""
 DATA_VIDEO_STAGE = "video:data"
@@ -98,6 +102,19 @@ class RolloutShard:
     """Each episode's score and reference under ``filter: policy`` or ``value`` (else None)."""
     seconds: float = 0.0
     """Wall seconds the task took to make its rows (recorded by the diffusion backend)."""
+    simulator_steps: int = 0
+    """Environment steps the task took (dropped episodes included; 0 for model rollouts)."""
+
+
+def baseline_recipe(steps: int) -> str:
+    """The recipe name of a plain run trained for ``steps`` gradient steps (not the workflow's)."""
+    return f"{BASELINE}[{steps}]"
+
+
+def is_plain(recipe: str) -> bool:
+    """Whether ``recipe`` names a run on the original data alone (:data:`PLAIN`, or a plain
+    run at another step budget)."""
+    return recipe == PLAIN or (recipe.startswith(f"{BASELINE}[") and recipe.endswith("]"))
 
 
 class RunEntry(TypedDict):
@@ -110,6 +127,14 @@ class RunEntry(TypedDict):
     """The train stage (shared by recipes that train alike)."""
     label: str
     """Its key under ``training`` in metrics.json: ``LEARNER-RECIPE`` (+ ``@sSEED``)."""
+    steps: NotRequired[int]
+    """Total gradient steps behind the run: its own and those of every model its training
+    depends on (the BC clone and learners whose rollouts it trains on, every round, a dynamics
+    ensemble, the plain run it continues from), each counted once."""
+    own_steps: NotRequired[int]
+    """The run's own gradient steps (``train.steps``)."""
+    rollouts: NotRequired[list[str]]
+    """The rollout stages (merges, every round) whose data its training depends on."""
 
 
 class RecipeStages(TypedDict):
@@ -124,7 +149,8 @@ class RecipeStages(TypedDict):
     rollout: dict[str, str]
     diagnose: dict[str, str]
     policy_models: NotRequired[dict[str, str]]
-    """With rollout rounds: the train stage whose policy the last round rolled out."""
+    """The train stage whose policy the last round rolled out, where it is not the learner's
+    plain run: a retrained policy (rollout rounds) or one trained for ``rollout.policy_steps``."""
 
 
 class RunIndex(TypedDict):

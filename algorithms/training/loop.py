@@ -99,6 +99,11 @@ class TrainOptions:
     seeds: tuple[int, ...] | None = None
     """Several seeds trained together as one fused run (:func:`offaug.algorithms.fused.train.
     train_fused`, each into its own run directory); ``seed`` is then unused."""
+    init_checkpoint: str | None = None
+    """Start the learner from this checkpoint's weights (of the same algorithm and spaces),
+    then train ``steps`` steps: a continuation on other data, counted from 0 (its sampler,
+    generators and data statistics are this run's own, but a learner that normalises by its
+    data's statistics keeps the checkpoint's, which its networks learnt with)."""
 
     @property
     def evaluates(self) -> bool:
@@ -190,6 +195,8 @@ def train(
     start = 0
     if resume and checkpoint_path.is_file():
         start = resume_from_checkpoint(trainer, sampler, prepare, checkpoint_path, algorithm)
+    elif options.init_checkpoint is not None:
+        load_weights(trainer, options.init_checkpoint, algorithm)
     write_json_atomic(
         run_dir / "config.json",
         {
@@ -429,12 +436,24 @@ def resume_from_checkpoint(
     return int(checkpoint.extra["step"])
 
 
+def load_weights(trainer: Trainer, path: str | os.PathLike[str], algorithm: str) -> None:
+    """Load the learner state of the checkpoint at ``path`` into ``trainer`` (not the
+    generators a resumed run restores: the run that starts from it draws its own)."""
+    checkpoint = load_checkpoint(path)
+    if checkpoint.algorithm != algorithm:
+        raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint cannot start {algorithm}")
+    trainer.load_state_dict(_learner_state(checkpoint.state))
+
+
+def _learner_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k not in ("torch_rng", _STATE_NOISE_RNG)}
+
+
 def load_trainer(path: str | os.PathLike[str], *, device: str | None = None) -> Trainer:
     """A trainer restored from a checkpoint (for ``act`` and ``log_prob``)."""
     checkpoint = load_checkpoint(path)
     trainer = registry.build(
         checkpoint.algorithm, checkpoint.spaces, checkpoint.config, device=device
     )
-    state = {k: v for k, v in checkpoint.state.items() if k not in ("torch_rng", _STATE_NOISE_RNG)}
-    trainer.load_state_dict(state)
+    trainer.load_state_dict(_learner_state(checkpoint.state))
     return trainer

@@ -17,6 +17,15 @@ keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``
 ``train:cql-RECIPE@s1``, ``diagnose:cql-RECIPE@s1``, ``diagnose[RECIPE]@s1``. A shared stage
 has the name of the first recipe that asked for it.
 
+**Equal steps.** Each run's total gradient steps are those of every model its training depends
+on, found by walking the plan's inputs (each model counted once): its own, the BC clone and the
+learners whose rollouts it trains on (every round; ``rollout.policy_steps``), a dynamics
+ensemble or a denoiser, and the plain run it starts from (``train.init: plain``). With
+``train.baseline`` every plain learner is trained again for each total an augmented arm spent
+(``train:LEARNER-baseline[STEPS]``), the bar :func:`~offaug.pipeline.outcome.verdict.judge_best`
+judges the best augmented arm against. The run index records each run's ``steps``,
+``own_steps`` and ``rollouts``.
+
 **Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
 (:func:`offaug.algorithms.fused.train.fusable`; with ``auto``, one for which fusing pays on the
 training device, :func:`~offaug.algorithms.fused.train.fusing_pays`) trains every seed of a (recipe,
@@ -35,7 +44,14 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from offaug.pipeline.contracts import PLAIN, RecipeStages, RunEntry, RunIndex
+from offaug.pipeline.contracts import (
+    PLAIN,
+    RecipeStages,
+    RunEntry,
+    RunIndex,
+    baseline_recipe,
+    is_plain,
+)
 from offaug.pipeline.engine.scheduler import Ref, RefList
 from offaug.pipeline.engine.stage_plan import Plan, StageSpec, path_name
 from offaug.pipeline.outcome.summary import weighting_of
@@ -56,7 +72,14 @@ class _Planner:
         self.threads = threads
         self.plan = Plan()
         self.policy_models: dict[tuple[str, int], str] = {}
-        """(recipe, seed) -> the retrained policy its last rollout round rolled out."""
+        """(recipe, seed) -> the policy its last rollout round rolled out, where it is not the
+        learner's plain run (a retrained one, or one trained for ``rollout.policy_steps``)."""
+        self.gradient_steps: dict[str, int] = {}
+        """Stage -> the gradient steps it trains one model for (BC, learners, dynamics)."""
+        self.depends: dict[str, tuple[str, ...]] = {}
+        """Stage -> what one seed's model depends on, where its stage's inputs say more (a
+        fused seed's stage reads the fused stage, which reads every seed's rollouts)."""
+        self.rollout_merges: set[str] = set()
         self.plan.index = RunIndex(
             primary_seed=workflow.seed, seeds=list(workflow.seeds), runs=[], recipes={}
         )
@@ -97,7 +120,11 @@ class _Planner:
             # turns on its train-level augmentation (state noise) without augmented data.
             config["plain"] = False
             function = functools.partial(function, plain=False)
-        inputs = ("source",) if augmented is None else ("source", augmented)
+        inputs: tuple[str, ...] = ("source",) if augmented is None else ("source", augmented)
+        init: tuple[Ref, ...] = ()
+        if train.init == "plain" and not (augmented is None and plain):
+            start = self.plain(algorithm, seed)
+            inputs, init = (*inputs, start), (Ref(start),)
         name = self.plan.add(
             StageSpec(
                 f"train:{label}",
@@ -113,10 +140,12 @@ class _Planner:
                     str(self.layout.model(path_name(label))),
                     seed,
                     self.threads,
+                    *init,
                 ),
                 dict(train.resources) or None,
             )
         )
+        self.gradient_steps[name] = train.steps
         if record:
             self.record_run(algorithm, recipe, seed, name, label)
         return name
@@ -132,6 +161,8 @@ class _Planner:
             return False
         if not plain and (train.weighting == "policy" or train.state_noise is not None):
             return False  # drawn per batch by the single-seed loop only
+        if not plain and train.init == "plain":
+            return False  # each seed starts from its own plain checkpoint: single-seed loop only
         # Imported here: the learners' modules import torch, and the client that plans a run
         # imports this module before anything heavy (offaug run takes its lock first).
         from offaug.algorithms.fused.train import fusable, fusing_pays
@@ -201,15 +232,57 @@ class _Planner:
                     (Ref(fused), index),
                 )
             )
+            self.gradient_steps[names[seed]] = train.steps
+            rollout = rollouts[seed]
+            self.depends[names[seed]] = ("source",) if rollout is None else ("source", rollout)
             self.record_run(algorithm, recipe, seed, names[seed], labels[seed])
         return names
 
-    def plain(self, algorithm: str, seed: int) -> str:
-        train = self.workflow.plain_train
+    def plain(self, algorithm: str, seed: int, steps: int | None = None) -> str:
+        """``algorithm``'s run on the original data alone, with ``train.steps`` or ``steps``
+        gradient steps (another budget is recipe ``baseline[STEPS]``)."""
+        train, recipe = self.workflow.plain_train, PLAIN
+        if steps is not None and steps != train.steps:
+            train, recipe = train.model_copy(update={"steps": steps}), baseline_recipe(steps)
         if self.fuses(train, algorithm, plain=True):
             nothing: dict[int, str | None] = dict.fromkeys(self.workflow.seeds)
-            return self.fused(train, algorithm, PLAIN, nothing)[seed]
-        return self.train(train, algorithm, PLAIN, seed, None)
+            return self.fused(train, algorithm, recipe, nothing)[seed]
+        return self.train(train, algorithm, recipe, seed, None)
+
+    def total_steps(self, stage: str) -> tuple[int, list[str]]:
+        """The gradient steps of every model ``stage``'s model depends on (itself included),
+        each counted once, and the rollout merges among them in plan order."""
+        seen: set[str] = set()
+        todo = [stage]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(self.depends.get(name, self.plan.stages[name].inputs))
+        steps = sum(self.gradient_steps.get(name, 0) for name in seen)
+        return steps, [n for n in self.plan.names if n in seen and n in self.rollout_merges]
+
+    def baselines(self) -> None:
+        """Every plain learner again at each total gradient steps an augmented arm spent (its
+        rollout policy's included): the bar it is judged against at equal steps."""
+        workflow = self.workflow
+        if not workflow.train.baseline:
+            return
+        totals = {
+            self.total_steps(run["stage"])[0]
+            for run in self.plan.index["runs"]
+            if not is_plain(run["recipe"])
+        }
+        for seed in workflow.seeds:
+            for algorithm in workflow.train.algorithms:
+                for steps in sorted(totals - {workflow.plain_train.steps}):
+                    self.plain(algorithm, seed, steps)
+
+    def account(self) -> None:
+        """Each run's total and own gradient steps and the rollouts it depends on, in the index."""
+        for run in self.plan.index["runs"]:
+            run["steps"], run["rollouts"] = self.total_steps(run["stage"])
+            run["own_steps"] = self.gradient_steps[run["stage"]]
 
     def trainings(self, recipe: Recipe, rollouts: dict[int, str | None]) -> None:
         """Every learner of ``recipe`` on every seed: one fused stage per learner that fuses its
@@ -224,7 +297,7 @@ class _Planner:
     def bc(self, recipe: Recipe, seed: int) -> str:
         own = recipe.bc == self.workflow.bc
         label = ("bc" if own else f"bc[{recipe.name}]") + self.suffix(seed)
-        return self.plan.add(
+        name = self.plan.add(
             StageSpec(
                 label,
                 stages.train_bc,
@@ -233,15 +306,18 @@ class _Planner:
                 (Ref("source"), recipe.bc, str(self.layout.model(path_name(label))), seed),
             )
         )
+        self.gradient_steps[name] = recipe.bc.steps
+        return name
 
     def rollout(self, recipe: Recipe, seed: int, bc: str | None) -> str:
         """The rollout tasks and their merge, round after round; return the last merge's name.
 
         A learner named as the rollout policy rolls out its own plain run of this seed in round
-        1; each later round retrains it on the original data and the previous round's rollouts
-        (with the recipe's train settings) and rolls that out. Earlier rounds carry
-        ``.roundK`` in their tag; the last round has the recipe's own names. The diffusion
-        backend rolls nothing out (``bc`` None): :meth:`generation`.
+        1 (trained for ``rollout.policy_steps`` when given); each later round retrains it on the
+        original data and the previous round's rollouts (with the recipe's train settings) and
+        rolls that out. Earlier rounds carry ``.roundK`` in their tag; the last round has the
+        recipe's own names. The diffusion backend rolls nothing out (``bc`` None):
+        :meth:`generation`.
         """
         rollout = recipe.rollout
         if rollout.backend == "diffusion":
@@ -250,7 +326,10 @@ class _Planner:
             )
         assert bc is not None, "a policy's rollouts need the BC stage"
         policy_name = str(getattr(rollout, "policy", "bc") or "bc")
-        policy = None if policy_name == "bc" else self.plain(policy_name, seed)
+        policy_steps = getattr(rollout, "policy_steps", None)
+        policy = None if policy_name == "bc" else self.plain(policy_name, seed, policy_steps)
+        if policy is not None and policy_steps not in (None, self.workflow.plain_train.steps):
+            self.policy_models[recipe.name, seed] = policy
         rounds = getattr(rollout, "rounds", 1)
         # Every round rolls out with rounds = 1: round 1 is then the same stage as a recipe
         # without rounds, and shared with it.
@@ -299,6 +378,7 @@ class _Planner:
                     ),
                 )
             )
+            self.gradient_steps[dynamics] = rollout.dynamics.steps
         calibrated: tuple[Any, ...] = ()
         if rollout.noise_calibration is not None:
             # One probe for all tasks, so every shard rolls out with the same noise.
@@ -336,7 +416,7 @@ class _Planner:
                     (Ref("source"), Ref(bc), Ref(dynamics), rollout, shard, index, seed, *extra),
                 )
             tasks.append(self.plan.add(spec))
-        return self.plan.add(
+        merge = self.plan.add(
             StageSpec(
                 f"rollout{tag}{sfx}",
                 rollout_stages.merge_rollouts,
@@ -345,6 +425,8 @@ class _Planner:
                 (RefList(tuple(tasks)), out, rollout, *calibrated),
             )
         )
+        self.rollout_merges.add(merge)
+        return merge
 
     def generation(self, rollout: RolloutModel, seed: int, tag: str) -> str:
         """The diffusion backend: train the denoiser, sample in tasks (one shard each), merge."""
@@ -366,6 +448,7 @@ class _Planner:
                 ),
             )
         )
+        self.gradient_steps[denoiser] = rollout.diffusion.steps
         tasks = [
             self.plan.add(
                 StageSpec(
@@ -385,7 +468,7 @@ class _Planner:
             )
             for index in range(rollout.tasks)
         ]
-        return self.plan.add(
+        merge = self.plan.add(
             StageSpec(
                 f"rollout{tag}{sfx}",
                 rollout_stages.merge_rollouts,
@@ -394,6 +477,8 @@ class _Planner:
                 (RefList(tuple(tasks)), str(out), rollout),
             )
         )
+        self.rollout_merges.add(merge)
+        return merge
 
     def diagnose(self, recipe: Recipe, seed: int, bc: str, rollout: str | None) -> str:
         """Each policy's checks (the plain runs' and the recipe's), then their merge."""
@@ -467,6 +552,8 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
             )
     for recipe in arms.values():
         planner.trainings(recipe, rollouts[recipe.name])
+    planner.baselines()
+    planner.account()
     diagnoses: dict[tuple[str, int], str] = {}
     if workflow.diagnostics.enabled:
         for seed in diagnosed:

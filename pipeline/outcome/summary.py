@@ -1,11 +1,13 @@
-"""metrics.json: every run's score, each recipe's diagnostics, and the verdict over seeds.
+"""metrics.json: every run's score, each recipe's diagnostics, and the verdicts over seeds.
 
 :func:`summarise` reads the stages' results through a :class:`RunIndex` (which stage holds
 which (learner, recipe, seed) run, and each recipe's BC, rollout and diagnostics stages per
 seed, as :func:`offaug.pipeline.engine.plan.plan_workflow` made them) and builds the document the
 report renders (typed in :mod:`offaug.pipeline.report.metrics_document`). The verdict is
 :func:`offaug.pipeline.outcome.verdict.judge` over the final evaluation scores, with each recipe's
-:class:`~offaug.pipeline.outcome.verdict.RecipeDiagnostics` for its reasons.
+:class:`~offaug.pipeline.outcome.verdict.RecipeDiagnostics` for its reasons; ``comparison`` is
+:func:`~offaug.pipeline.outcome.verdict.judge_best` (best augmented against best plain at equal
+total gradient steps).
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from offaug.pipeline.contracts import (
     ModelRef,
     RunIndex,
 )
-from offaug.pipeline.outcome.verdict import RecipeDiagnostics, RunScore, as_json, headline, judge
+from offaug.pipeline.outcome.verdict import (
+    RecipeDiagnostics,
+    RunScore,
+    as_json,
+    headline,
+    judge,
+    judge_best,
+)
 from offaug.pipeline.schema.run_sections import ReportModel
 from offaug.pipeline.schema.sections import TrainModel
 from offaug.pipeline.schema.workflow import Workflow
@@ -74,13 +83,19 @@ def weighting_of(train: TrainModel) -> str:
 
 
 def training_entries(results: Mapping[str, Any], index: RunIndex) -> dict[str, dict[str, Any]]:
-    """``training`` of metrics.json: each run's final evaluation, by its label."""
+    """``training`` of metrics.json: each run's final evaluation, by its label, with its total
+    and own gradient steps and the simulator steps of the rollouts it trained on (every round;
+    None where a rollout does not record them)."""
     training: dict[str, dict[str, Any]] = {}
     for run in index["runs"]:
         result = results.get(run["stage"])
         if not isinstance(result, ModelRef):
             continue
         evaluation = result.metrics.get("eval") or {}
+        rollouts = [results.get(r) for r in run.get("rollouts", [])]
+        simulator = [
+            a.metrics.get("simulator_steps") for a in rollouts if isinstance(a, AugmentedRef)
+        ]
         training[run["label"]] = {
             "learner": run["learner"],
             "recipe": run["recipe"],
@@ -88,6 +103,9 @@ def training_entries(results: Mapping[str, Any], index: RunIndex) -> dict[str, d
             "return": evaluation.get("return"),
             "normalised_score": evaluation.get("normalised_score"),
             "checkpoint": result.path,
+            "steps": run.get("steps"),
+            "own_steps": run.get("own_steps"),
+            "simulator_steps": None if None in simulator else sum(simulator),
         }
     return training
 
@@ -101,7 +119,18 @@ def run_scores(training: Mapping[str, Mapping[str, Any]]) -> tuple[list[RunScore
         if all(e.get("normalised_score") is not None for e in entries)
         else "return"
     )
-    runs = [RunScore(e["learner"], e["recipe"], int(e["seed"]), float(e[key])) for e in entries]
+    runs = [
+        RunScore(
+            e["learner"],
+            e["recipe"],
+            int(e["seed"]),
+            float(e[key]),
+            e.get("steps"),
+            e.get("own_steps"),
+            e.get("simulator_steps"),
+        )
+        for e in entries
+    ]
     return runs, key
 
 
@@ -267,6 +296,7 @@ def summarise(workflow: Workflow, results: dict[str, Any], index: RunIndex) -> d
         "verdict_score": score,
         "verdict": as_json(verdicts),
         "verdict_headline": headline(verdicts),
+        "comparison": judge_best(runs, expert=100.0 if score == "normalised_score" else None),
     }
     if diagnostics is not None:
         metrics["diagnostics"] = diagnostics

@@ -1,11 +1,18 @@
-"""The verdict: does augmentation help? Per learner and recipe, over seeds, with statistics.
+"""The verdict: does augmentation help? Per learner and recipe, and best against best.
 
 Each (learner, recipe) arm is compared with the same learner trained on the original data alone
-("plain") over the training seeds both have: the IQM of final normalised scores, the 95 %
-stratified bootstrap interval of the IQM difference and the probability of improvement
-(:mod:`offaug.pipeline.outcome.statistics`). An arm *helps* when the interval lies above zero,
+("plain") over the training seeds both have (:func:`judge`): the IQM of final normalised scores,
+the 95 % stratified bootstrap interval of the IQM difference and the probability of improvement
+(:mod:`offaug.pipeline.outcome.statistics`). When an arm does not help, the recipe's diagnostics
+name the likeliest reason and what to change.
+
+The study's claim is :func:`judge_best`: the best augmented arm (by IQM over seeds, over every
+learner and recipe) against the best plain arm (over every learner) trained for the same total
+gradient steps, the augmented arm's rollout policy's and the plain run it starts from included,
+as docs/pipeline.md explains.
+
+One rule everywhere: an arm *helps* when the interval of the IQM difference lies above zero,
 *hurts* when it lies below, and is *inconclusive* otherwise (always so with fewer than two seeds).
-When an arm does not help, the recipe's diagnostics name the likeliest reason and what to change.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-from offaug.pipeline.contracts import PLAIN
+from offaug.pipeline.contracts import PLAIN, is_plain
 
 if TYPE_CHECKING:
     from offaug.pipeline.outcome.statistics import Comparison
@@ -36,6 +43,13 @@ class RunScore:
     recipe: str
     seed: int
     normalised_score: float
+    """The final score the verdict compares (the normalised score, or the return)."""
+    steps: int | None = None
+    """Total gradient steps behind the run (its rollout policy's included; None: unknown)."""
+    own_steps: int | None = None
+    """The run's own gradient steps."""
+    simulator_steps: int | None = None
+    """Simulator steps of the rollouts its data came from (every round)."""
 
 
 class RecipeDiagnostics(TypedDict, total=False):
@@ -77,6 +91,40 @@ class ArmVerdict(TypedDict):
     seeds: list[int]
     sentence: str
     reasons: list[str]
+
+
+class ArmSummary(TypedDict):
+    """One side of the best-against-best comparison."""
+
+    learner: str
+    recipe: str
+    steps: int | None
+    """Total gradient steps of one run (an augmented arm's include its rollout policy's, and the
+    plain run's it starts from)."""
+    own_steps: int | None
+    """The run's own gradient steps."""
+    simulator_steps: int | None
+    """Simulator steps of its rollouts per run, mean over seeds (0 for a plain arm)."""
+    iqm: float
+    iqm_interval: list[float]
+
+
+class BestComparison(TypedDict):
+    """The best augmented arm against the best plain arm at equal total gradient steps
+    (metrics.json ``comparison``); without one, every field but ``sentence`` is None."""
+
+    outcome: Outcome | None
+    plain: ArmSummary | None
+    augmented: ArmSummary | None
+    difference: float | None
+    """IQM(augmented) - IQM(plain)."""
+    interval: list[float] | None
+    """95 % stratified bootstrap interval of the difference."""
+    probability_of_improvement: float | None
+    seeds: list[int] | None
+    """The training seeds both arms have (the comparison's runs)."""
+    sentence: str
+    """The study's answer in one sentence (the report opens with it)."""
 
 
 def _reasons(diagnostics: RecipeDiagnostics) -> list[str]:
@@ -157,11 +205,7 @@ def judge_arm(
     from offaug.pipeline.outcome.statistics import compare
 
     result = compare([plain[s] for s in seeds], [arm[s] for s in seeds])
-    outcome: Outcome = "inconclusive"
-    if len(seeds) >= _MIN_SEEDS and result.difference.low > 0:
-        outcome = "helps"
-    elif len(seeds) >= _MIN_SEEDS and result.difference.high < 0:
-        outcome = "hurts"
+    outcome = _outcome(result.difference.low, result.difference.high, len(seeds))
     reasons = _reasons(diagnostics or {}) if outcome != "helps" else []
     return ArmVerdict(
         learner=learner,
@@ -191,10 +235,123 @@ def judge(
     verdicts = []
     for (learner, recipe), arm in sorted(scores.items()):
         plain = scores.get((learner, PLAIN))
-        if recipe == PLAIN or plain is None:
+        if is_plain(recipe) or plain is None:
             continue
         verdicts.append(judge_arm(learner, recipe, plain, arm, (diagnostics or {}).get(recipe)))
     return sorted(verdicts, key=lambda v: (v["learner"], -v["difference"]))
+
+
+def _outcome(low: float, high: float, seeds: int) -> Outcome:
+    if seeds >= _MIN_SEEDS and low > 0:
+        return "helps"
+    if seeds >= _MIN_SEEDS and high < 0:
+        return "hurts"
+    return "inconclusive"
+
+
+def _no_comparison(sentence: str) -> BestComparison:
+    return BestComparison(
+        outcome=None,
+        plain=None,
+        augmented=None,
+        difference=None,
+        interval=None,
+        probability_of_improvement=None,
+        seeds=None,
+        sentence=sentence,
+    )
+
+
+def _arm_summary(runs: list[RunScore], iqm: float, interval: list[float]) -> ArmSummary:
+    simulator = [r.simulator_steps for r in runs if r.simulator_steps is not None]
+    return ArmSummary(
+        learner=runs[0].learner,
+        recipe=runs[0].recipe,
+        steps=runs[0].steps,
+        own_steps=runs[0].own_steps,
+        simulator_steps=round(sum(simulator) / len(simulator)) if simulator else None,
+        iqm=iqm,
+        iqm_interval=interval,
+    )
+
+
+def _steps(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def judge_best(runs: Iterable[RunScore], *, expert: float | None = 100.0) -> BestComparison:
+    """The best augmented arm against the best plain arm trained for its total gradient steps.
+
+    "Best" is the highest IQM over the arm's seeds, over every (learner, recipe); the plain
+    candidates are every learner's plain runs with the augmented arm's total steps. Both are
+    compared on the seeds they share. ``expert``: the score at which the plain arm leaves
+    nothing to beat (100 for normalised scores; None for returns).
+    """
+    from offaug.pipeline.outcome.statistics import compare, iqm  # rliable: see judge_arm
+
+    arms: dict[tuple[str, str], list[RunScore]] = {}
+    for run in runs:
+        arms.setdefault((run.learner, run.recipe), []).append(run)
+    ranked = {key: iqm([r.normalised_score for r in arm]) for key, arm in arms.items()}
+    augmented = sorted((k for k in arms if not is_plain(k[1])), key=lambda k: -ranked[k])
+    if not augmented:
+        return _no_comparison("No best-against-best verdict: no augmented arm was trained.")
+    best = arms[augmented[0]]
+    steps = best[0].steps
+    plains = sorted(
+        (k for k, arm in arms.items() if is_plain(k[1]) and arm[0].steps == steps),
+        key=lambda k: -ranked[k],
+    )
+    name = f"{best[0].learner} with {best[0].recipe}"
+    if not plains:
+        return _no_comparison(
+            f"No best-against-best verdict: the best augmented arm ({name}) spent "
+            f"{_steps(steps)} gradient steps and no plain arm was trained for as many "
+            "(train.baseline is off)."
+        )
+    plain = arms[plains[0]]
+    best_scores = {r.seed: r.normalised_score for r in best}
+    plain_scores = {r.seed: r.normalised_score for r in plain}
+    seeds = sorted(set(best_scores) & set(plain_scores))
+    if not seeds:
+        return _no_comparison(
+            f"No best-against-best verdict: {name} and the best plain arm share no seed."
+        )
+    result = compare([plain_scores[s] for s in seeds], [best_scores[s] for s in seeds])
+    low, high = result.difference.low, result.difference.high
+    outcome = _outcome(low, high, len(seeds))
+    words = {
+        "helps": "augmentation helps",
+        "hurts": "augmentation hurts",
+        "inconclusive": "no clear difference",
+    }[outcome]
+    if len(seeds) < _MIN_SEEDS:
+        words = "one seed is an anecdote, not a verdict"
+    augmented_arm = _arm_summary(best, result.arm.value, [result.arm.low, result.arm.high])
+    own, simulator = augmented_arm["own_steps"], augmented_arm["simulator_steps"]
+    spent = f"{_steps(steps)} gradient steps" + (f", {_steps(own)} its own" if own else "")
+    spent += f", {simulator:,} simulator steps" if simulator else ""
+    sentence = (
+        f"Best augmented arm {name} (IQM {result.arm.value:.1f}, {spent}) against the best "
+        f"plain arm {plain[0].learner} (IQM {result.baseline.value:.1f}, {_steps(steps)} "
+        f"gradient steps): {words}; difference {result.difference.value:+.1f}, 95% CI "
+        f"[{low:+.1f}, {high:+.1f}], P(improvement) = {result.probability_of_improvement:.2f}, "
+        f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}."
+    )
+    if expert is not None and result.baseline.value >= expert:
+        sentence += " The best plain arm already reaches the expert: there is nothing to beat."
+    return BestComparison(
+        outcome=outcome,
+        plain=_arm_summary(
+            plain, result.baseline.value, [result.baseline.low, result.baseline.high]
+        ),
+        augmented=augmented_arm,
+        difference=result.difference.value,
+        interval=[low, high],
+        probability_of_improvement=result.probability_of_improvement,
+        seeds=seeds,
+        sentence=sentence,
+    )
 
 
 def headline(verdicts: Iterable[ArmVerdict]) -> str:

@@ -8,11 +8,13 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from offaug.pipeline.outcome.summary import RecipeSummary
-from offaug.pipeline.outcome.verdict import ArmVerdict
+from offaug.pipeline.outcome.verdict import ArmVerdict, BestComparison
 
 # ``return`` is a keyword, so this one is spelled functionally: the final evaluation's mean
 # return and its D4RL-normalised score (None without reference scores), the learner, recipe
-# (``original`` for the plain baseline) and training seed, and the checkpoint's path.
+# (``original`` for the plain baseline, ``baseline[STEPS]`` for a plain run of another budget) and
+# training seed, the checkpoint's path, the total gradient steps (its rollout policy's and the plain
+# run's it starts from included), its own, and the simulator steps of the rollouts it trained on.
 TrainingResult = TypedDict(
     "TrainingResult",
     {
@@ -22,6 +24,9 @@ TrainingResult = TypedDict(
         "return": float,
         "normalised_score": float | None,
         "checkpoint": str,
+        "steps": int | None,
+        "own_steps": int | None,
+        "simulator_steps": int | None,
     },
     total=False,
 )
@@ -141,6 +146,9 @@ class Metrics(TypedDict, total=False):
     (:func:`offaug.pipeline.outcome.verdict.judge`)."""
     verdict_headline: str
     """One line: the best arm per learner (:func:`offaug.pipeline.outcome.verdict.headline`)."""
+    comparison: BestComparison
+    """The best augmented arm against the best plain arm at equal total gradient steps
+    (:func:`offaug.pipeline.outcome.verdict.judge_best`): the study's answer."""
     weights: RolloutWeights
     """The rollout's importance weights."""
     diagnostics: dict[str, Any]

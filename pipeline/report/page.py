@@ -19,7 +19,7 @@ from offaug.pipeline.report.formatting import get, headline, number, percent, tr
 from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
 from offaug.pipeline.report.plots import Plot, render_plots
 from offaug.pipeline.report.quality_section import QUALITY_HEADER, quality_rows
-from offaug.pipeline.report.verdict_section import VERDICT_CSS, verdict_html
+from offaug.pipeline.report.verdict_section import VERDICT_CSS, comparison_html, verdict_html
 from offaug.pipeline.rundir.run_layout import RunLayout
 
 _CSS = """
@@ -350,6 +350,7 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
     head_rows = [[html.escape(label), html.escape(value)] for label, value in headline(metrics)]
     timings = diagnostics.get("timings") or {}
     sections = [
+        ("Best augmented against best plain, at equal gradient steps", comparison_html(metrics)),
         ("Does augmentation help?", verdict_html(metrics)),
         ("Headline", _table(None, head_rows, "headline") if head_rows else _missing("—")),
         ("Scores", _scores_html(metrics.get("training") or {})),

@@ -1,4 +1,6 @@
-"""The report's first section: does augmentation help? One row per recipe and learner.
+"""The report's first sections: the best augmented arm against the best plain arm at equal
+gradient steps (:func:`comparison_html`, from ``metrics["comparison"]``), then does augmentation
+help? One row per recipe and learner (:func:`verdict_html`).
 
 Reads ``metrics["verdict"]`` (:class:`offaug.pipeline.outcome.verdict.ArmVerdict` entries) and
 ``metrics["recipes"]`` (each recipe's ESS/N, OOD share, reward per step, rollout noise and the
@@ -37,6 +39,10 @@ def _signed(value: Any) -> str:
     return "—" if value is None else f"{float(value):+.3g}"
 
 
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "—"
+
+
 def _rewards(recipe: Mapping[str, Any]) -> str:
     augmented = recipe.get("augmented_reward_per_step")
     original = recipe.get("original_reward_per_step")
@@ -56,6 +62,45 @@ def _rollouts(recipe: Mapping[str, Any]) -> str:
     if kept is not None and dropped is not None:
         text += f"; kept {kept} of {kept + dropped} episodes"
     return html.escape(text)
+
+
+def comparison_html(metrics: Mapping[str, Any]) -> str:
+    """The study's answer: its sentence, then the two arms side by side (already escaped)."""
+    comparison = metrics.get("comparison") or {}
+    sentence = comparison.get("sentence")
+    if not sentence:
+        return '<p class="missing">No best-against-best verdict in this run\'s metrics.</p>'
+    outcome = str(comparison.get("outcome"))
+    klass = outcome if outcome in _OUTCOME_WORDS else ""
+    lead = f'<p class="verdict-headline"><span class="{klass}">●</span> {html.escape(sentence)}</p>'
+    augmented, plain = comparison.get("augmented"), comparison.get("plain")
+    if not augmented or not plain:
+        return lead
+    score = "normalised score" if metrics.get("verdict_score") != "return" else "return"
+    header = ["arm", "learner", "recipe", "gradient steps (own)", "simulator steps"]
+    header.append(f"IQM {score} [95% CI]")
+    rows = []
+    for label, arm in (("best augmented", augmented), ("best plain", plain)):
+        cells = [
+            label,
+            html.escape(str(arm.get("learner"))),
+            html.escape(str(arm.get("recipe"))),
+            f"{_count(arm.get('steps'))} ({_count(arm.get('own_steps'))})",
+            _count(arm.get("simulator_steps")),
+            f"{number(arm.get('iqm'))} {_interval(arm.get('iqm_interval'))}",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(rows)
+    table = f'<table class="verdict"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    explain = (
+        '<p class="note">The best augmented arm (highest IQM over seeds, over every learner and '
+        "recipe) against the best plain arm trained for the same total gradient steps: the "
+        "augmented arm's count includes its rollout policy's training (the BC clone, or the "
+        "learner that rolls out, every round) and the plain run it starts from. It helps when "
+        "the 95% interval of the IQM difference lies above zero, hurts when below.</p>"
+    )
+    return lead + table + explain
 
 
 def verdict_html(metrics: Mapping[str, Any]) -> str:
@@ -121,8 +166,9 @@ def verdict_html(metrics: Mapping[str, Any]) -> str:
         else ""
     )
     explain = (
-        '<p class="note">Each arm against the same learner trained on the original data alone, '
-        "over the seeds both have: interquartile means (IQM) of the final evaluation, 95% "
+        '<p class="note">Each arm against the same learner trained on the original data alone '
+        "for train.steps (fewer gradient steps than the arm spent in all), over the seeds both "
+        "have: interquartile means (IQM) of the final evaluation, 95% "
         "stratified bootstrap intervals, and P(improvement) = P(a run of the arm beats a plain "
         "run). An arm helps when the interval of the difference lies above zero.</p>"
     )

@@ -46,6 +46,7 @@ def calibrate_noise(task: RolloutTask, calibration: CalibrationSettings) -> dict
         dataclasses.replace(
             task.config,
             episodes=calibration.episodes,
+            simulator_steps=None,
             noise=parse_noise(text),
             seed=task.config.seed + _PROBE_SEED_OFFSET,
         )

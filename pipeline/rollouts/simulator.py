@@ -91,7 +91,10 @@ class RolloutConfig:
     """How to roll a policy out."""
 
     episodes: int = 10
-    """Episodes to collect in total."""
+    """Episodes to collect in total (unless ``simulator_steps`` is set)."""
+    simulator_steps: int | None = None
+    """A budget of environment steps in place of ``episodes``: episodes start while budget is
+    left, and those running when it is spent end there as truncated (None: ``episodes``)."""
     n_envs: int = 8
     """Environments stepped together (one batched policy call per step)."""
     noise: NoiseSpec = DEFAULT_NOISE
@@ -148,6 +151,8 @@ class RolloutResult:
     """Episodes the filter dropped (not in ``transitions`` or ``episode_returns``)."""
     filter_record: FilterRecord | None = None
     """Every episode's score and reference under ``filter: policy`` or ``value`` (else None)."""
+    simulator_steps: int = 0
+    """Environment steps taken (``env.step`` calls, failed ones and dropped episodes included)."""
 
 
 def rollout(
@@ -161,7 +166,8 @@ def rollout(
     meta: Mapping[str, Any] | None = None,
     close_envs: bool = True,
 ) -> RolloutResult:
-    """Collect ``config.episodes`` noisy episodes (fewer when the filter drops some).
+    """Collect ``config.episodes`` noisy episodes (fewer when the filter drops some), or as
+    many as ``config.simulator_steps`` environment steps make.
 
     Args:
         policy: beta_hat's parameters and, for a centred policy, the noise centre (e.g.
@@ -178,6 +184,8 @@ def rollout(
     """
     if config.episodes <= 0 or config.n_envs <= 0:
         raise ValueError("episodes and n_envs must be positive")
+    if config.simulator_steps is not None and config.simulator_steps <= 0:
+        raise ValueError("simulator_steps must be positive (or None)")
     if config.horizon is not None and config.horizon <= 0:
         raise ValueError("horizon must be positive (or None)")
     if config.start == "dataset" and start_states is None:
@@ -233,6 +241,8 @@ class _Rollout:
         self.episode_filter: EpisodeFilter | ValueFilter | None = None
         self.rng = np.random.default_rng(config.seed)
         n_envs = min(config.n_envs, config.episodes)
+        if config.simulator_steps is not None:
+            n_envs = min(config.n_envs, config.simulator_steps)
         self.envs = [env_factory() for _ in range(n_envs)]
         self.observation_dim = int(np.prod(self.envs[0].observation_space.shape))
         action_shape: tuple[int, ...]
@@ -270,6 +280,8 @@ class _Rollout:
         self.reset_seeds = np.zeros(n_envs, dtype=np.int64)
         self.started = 0
         self.step_count = 0
+        self.simulator_steps = 0
+        """Environment steps taken so far."""
         for env_index in range(n_envs):
             self.start_episode(env_index)
 
@@ -309,16 +321,40 @@ class _Rollout:
         """Keep environment ``i``'s episode; start its next one, or retire it."""
         self.episodes.finish(i, int(self.start_rows[i]), int(self.reset_seeds[i]))
         self.start_rows[i] = RESET_START
-        if self.started < self.config.episodes:
+        budget = self.config.simulator_steps
+        if budget is None:
+            more = self.started < self.config.episodes
+        else:
+            more = self.simulator_steps < budget
+        if more:
             self.start_episode(i)
         else:
             self.active[i] = False
+
+    def retire(self, i: int) -> None:
+        """End environment ``i``'s episode where it stands, as truncated (the step budget is
+        spent), and start no other."""
+        self.episodes.mark_last_timeout(i)
+        self.episodes.finish(i, int(self.start_rows[i]), int(self.reset_seeds[i]))
+        self.start_rows[i] = RESET_START
+        self.active[i] = False
+
+    def within_budget(self, index: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The environments of ``index`` that the step budget lets step now (the others are
+        retired)."""
+        budget = self.config.simulator_steps
+        if budget is None or self.simulator_steps + len(index) <= budget:
+            return index
+        left = budget - self.simulator_steps
+        for env in index[left:].tolist():
+            self.retire(env)
+        return index[:left]
 
     def step(self) -> None:
         """One batched policy call and one step of every active environment."""
         if len(self.faults) > self.config.max_faults:
             raise RolloutError(f"{len(self.faults)} environment faults; last: {self.faults[-1]}")
-        index = np.flatnonzero(self.active)
+        index = self.within_budget(np.flatnonzero(self.active))
         observations = self.observations[index]
         mean, log_std = self.policy(observations)
         self._check_policy_output(mean, log_std)
@@ -326,6 +362,7 @@ class _Rollout:
         self._check_policy_output(np.asarray(centre, dtype=np.float64), None)
         chosen = policy_step(self.policy, self.noise, mean, log_std, index, centre)
         self.step_count += 1
+        self.simulator_steps += len(index)
         outcome = self._step_envs(index, chosen.env_actions)
         ok = self._screen(index, chosen.env_actions, outcome)
         rows = index[ok]
@@ -352,6 +389,10 @@ class _Rollout:
         done = outcome.terminated[ok] | outcome.truncated[ok] | ended_by_limit
         for done_env in rows[done].tolist():
             self.finish_episode(done_env)
+        budget = self.config.simulator_steps
+        if budget is not None and self.simulator_steps >= budget:
+            for env in np.flatnonzero(self.active).tolist():
+                self.retire(env)
 
     def _check_policy_output(
         self, mean: npt.NDArray[Any], log_std: npt.NDArray[Any] | None
@@ -465,6 +506,7 @@ class _Rollout:
             self.bad_steps,
             dropped,
             record,
+            self.simulator_steps,
         )
 
     def _judge(

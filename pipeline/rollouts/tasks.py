@@ -102,7 +102,8 @@ def run_rollout_task(task: RolloutTask) -> RolloutShard:
         len(result.faults),
         tuple(result.episode_returns),
         result.episodes_dropped,
-        result.filter_record,
+        filter_record=result.filter_record,
+        simulator_steps=result.simulator_steps,
     )
 
 
@@ -110,8 +111,9 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
     """``task``'s rollout under each of ``configs`` in turn, in memory (nothing is written).
 
     The policy, the dataset, its branch points and the filter's returns are loaded once, from
-    ``task.config``: the configs may differ from it in episodes, noise and seed only (the
-    probes of :mod:`offaug.pipeline.rollouts.calibration`). Lazy, so a caller can stop early.
+    ``task.config``: the configs may differ from it in episodes (or simulator steps), noise and
+    seed only (the probes of :mod:`offaug.pipeline.rollouts.calibration`). Lazy, so a caller can
+    stop early.
     """
     # torch comes with these: imported when a task runs, not when a Dask worker unpickles the
     # stage module.
@@ -148,12 +150,16 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
 
     for run in configs:
         same = dataclasses.replace(
-            run, episodes=config.episodes, noise=config.noise, seed=config.seed
+            run,
+            episodes=config.episodes,
+            simulator_steps=config.simulator_steps,
+            noise=config.noise,
+            seed=config.seed,
         )
         if same != config:
             raise ValueError(
-                "rollout_results: a config may differ from the task's in episodes, noise and"
-                f" seed only, not {run} against {config}"
+                "rollout_results: a config may differ from the task's in episodes, simulator"
+                f" steps, noise and seed only, not {run} against {config}"
             )
         provenance = {
             **checkpoints,
@@ -273,16 +279,24 @@ def split_tasks(
     env_id: str | None = None,
     learner: str | None = None,
 ) -> list[RolloutTask]:
-    """Split ``config.episodes`` over ``tasks`` tasks, each with its own seed and shard."""
-    tasks = max(1, min(tasks, config.episodes))
-    counts = [
-        config.episodes // tasks + (1 if i < config.episodes % tasks else 0) for i in range(tasks)
-    ]
+    """Split ``config.episodes`` (or ``config.simulator_steps``) over ``tasks`` tasks, each with
+    its own seed and shard."""
+    budget = config.simulator_steps
+    total = config.episodes if budget is None else budget
+    tasks = max(1, min(tasks, total))
+    counts = [total // tasks + (1 if i < total % tasks else 0) for i in range(tasks)]
+
+    def share(count: int, i: int) -> RolloutConfig:
+        seed = config.seed * 1000 + i
+        if budget is None:
+            return dataclasses.replace(config, episodes=count, seed=seed)
+        return dataclasses.replace(config, simulator_steps=count, seed=seed)
+
     return [
         RolloutTask(
             source=source,
             policy=str(policy),
-            config=dataclasses.replace(config, episodes=count, seed=config.seed * 1000 + i),
+            config=share(count, i),
             shard_path=str(Path(out) / f"shard-{i:05d}.arrow"),
             env_id=env_id,
             task_index=i,

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from offaug.pipeline.contracts import PLAIN
+from offaug.pipeline.contracts import is_plain
 from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, TrainModel
 from offaug.pipeline.schema.validation import Problem, problems
 
@@ -36,8 +36,9 @@ DEFAULT_RECIPE = "augmented"
 SECTIONS = ("bc", "rollout", "train")
 """The sections a recipe or a grid key overrides."""
 
-AUGMENTING_TRAIN_FIELDS = ("state_noise",)
-"""Fields of the train section that augment the data inside the loss: off for the baseline."""
+AUGMENTING_TRAIN_FIELDS = ("state_noise", "init")
+"""Fields of the train section that only augmented arms use (the augmentation inside the loss,
+the start from the plain run): at their defaults for the baseline."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +191,8 @@ def resolve_recipes(
         wanted.extend((("grid",), name, point) for name, point in grid_points(grid))
     resolved: dict[str, Recipe] = {}
     for where, name, overrides in wanted:
-        if name == PLAIN or name in resolved:
-            what = "the plain baseline's" if name == PLAIN else "another recipe's"
+        if is_plain(name) or name in resolved:
+            what = "a plain baseline's" if is_plain(name) else "another recipe's"
             found.append((where, f"recipe name {name!r} is {what}"))
             continue
         recipe = _recipe(base, name, overrides, where, found)

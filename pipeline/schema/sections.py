@@ -245,11 +245,30 @@ class RolloutModel(StrictSection):
             " that out. The last round's rollouts are the recipe's augmented data."
         ),
     )
+    policy_steps: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "With a learner as the policy: the gradient steps of the run that rolls out (a plain"
+            " run of that learner, recorded as baseline[STEPS]); null: the learner's plain run"
+            " with train.steps. Counted in the augmented arms' total gradient steps."
+        ),
+    )
     noise: Noise = Field(
         DEFAULT_NOISE,
         description="gaussian:SIGMA, ou:SIGMA[:THETA], uniform, +epsilon:EPS, mixtures W*C+W*C.",
     )
     episodes: int = Field(100, gt=0, description="Episodes in total (simulator backend).")
+    simulator_steps: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "The rollout's budget in simulator steps (env.step calls, dropped episodes"
+            " included), in place of episodes (which is then not used; simulator backend):"
+            " episodes start while budget is left, and those still running when it is spent end"
+            " there as truncated. Split over the tasks like episodes."
+        ),
+    )
     tasks: int = Field(4, gt=0, description="Units of parallel work; one shard each.")
     n_envs: int = Field(16, gt=0, description="Environments stepped together per task.")
     start: Literal["reset", "dataset"] = Field(
@@ -329,8 +348,20 @@ class RolloutModel(StrictSection):
 
     @model_validator(mode="after")
     def _tasks_fit(self) -> RolloutModel:
-        if self.backend == "simulator" and self.tasks > self.episodes:
+        if self.simulator_steps is not None:
+            if self.backend != "simulator":
+                raise ValueError("simulator_steps is the simulator backend's budget")
+            if self.tasks > self.simulator_steps:
+                raise ValueError(
+                    f"tasks ({self.tasks}) must not exceed simulator_steps ({self.simulator_steps})"
+                )
+        elif self.backend == "simulator" and self.tasks > self.episodes:
             raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
+        if self.policy_steps is not None and self.policy == "bc":
+            raise ValueError(
+                "policy_steps is the budget of a learner that rolls out (policy: td3bc, say);"
+                " the BC clone's is bc.steps"
+            )
         if self.noise_calibration is not None and (
             self.filter == "none" or self.backend != "simulator"
         ):
@@ -413,7 +444,22 @@ class TrainModel(StrictSection):
             " of being repeated to fill the stated share."
         ),
     )
-    baseline: bool = Field(True, description="Also train on the original data alone.")
+    baseline: bool = Field(
+        True,
+        description=(
+            "Also train on the original data alone: each learner with train.steps, and again"
+            " for each augmented arm's total gradient steps (its own and its rollout policy's:"
+            " the bar it is judged against, see docs/pipeline.md)."
+        ),
+    )
+    init: Literal["scratch", "plain"] = Field(
+        "scratch",
+        description=(
+            "Where an augmented arm's learner starts: from scratch, or from the same learner's"
+            " plain run of the same seed (its checkpoint's weights), training train.steps more"
+            " on the mix; its total gradient steps then include the plain run's."
+        ),
+    )
     configs: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Config overrides per learner: fields of its config class, checked here.",

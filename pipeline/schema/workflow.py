@@ -122,8 +122,9 @@ class Workflow(StrictSection):
 
     @property
     def plain_train(self) -> TrainModel:
-        """The train section of the plain baseline: the workflow's own, with the fields that
-        augment inside the loss (:data:`AUGMENTING_TRAIN_FIELDS`) back at their defaults."""
+        """The train section of the plain baseline: the workflow's own, with the fields only
+        augmented arms use (:data:`AUGMENTING_TRAIN_FIELDS`: state noise, the start from the
+        plain run) back at their defaults."""
         fields = TrainModel.model_fields
         plain = {n: fields[n].default for n in AUGMENTING_TRAIN_FIELDS if n in fields}
         return self.train.model_copy(update=plain) if plain else self.train

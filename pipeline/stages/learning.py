@@ -185,6 +185,7 @@ def train_offline(
     out: str,
     seed: int,
     threads: int | None = None,
+    init: ModelRef | None = None,
     *,
     plain: bool | None = None,
 ) -> ModelRef:
@@ -192,13 +193,16 @@ def train_offline(
 
     A plain run (default: the run without augmented data, the baseline) takes neither weights
     nor state noise; ``plain=False`` gives the original data alone ``train_config``'s state
-    noise (an S4RL arm without rollouts).
+    noise (an S4RL arm without rollouts). ``init``: the checkpoint to start from
+    (``train.init: plain``: the same learner's plain run), trained ``train_config.steps`` more.
     """
     from offaug.algorithms.training.loop import train  # imports torch: see the top
 
     sources, options = _train_inputs(
         data, augmented, train_config, evaluation, seed, threads, plain=plain
     )
+    if init is not None:
+        options = dataclasses.replace(options, init_checkpoint=init.path)
     config = dict(train_config.configs.get(algorithm, {}))
     final = _train_into(out, lambda d: train(algorithm, sources, d, config=config, options=options))
     return _model_ref(

@@ -42,6 +42,7 @@ def _rollout_config(
     start = config.start if data.has_simulator_state else "reset"
     return RolloutConfig(
         episodes=config.episodes,
+        simulator_steps=config.simulator_steps,
         n_envs=config.n_envs,
         noise=config.noise if calibration is None else parse_noise(calibration["noise"]),
         seed=seed,
@@ -327,8 +328,9 @@ def merge_rollouts(
     used: ``rollout.noise``, or the calibrated one), ``noise_calibration`` (the probes, None
     without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
     ``dropped``; for ``policy`` and ``value`` also ``references``, what the episodes were
-    compared with: :func:`~offaug.pipeline.rollouts.tasks.filter_references`) and
-    ``episode_return`` (the mean return of the kept episodes, None without any).
+    compared with: :func:`~offaug.pipeline.rollouts.tasks.filter_references`),
+    ``episode_return`` (the mean return of the kept episodes, None without any) and
+    ``simulator_steps`` (the environment steps every task took; 0 for model rollouts).
     Generated transitions (backend ``diffusion``) have no policy, noise, filter or episode
     return (None, and filter kind ``none``); their ``diffusion`` entry holds the ``samples``,
     the tasks' ``sample_seconds`` and ``sample_seconds_per_100k_samples``.
@@ -344,6 +346,7 @@ def merge_rollouts(
             "noise_calibration": calibration,
             "max_weight": config.max_weight,
             "episodes": config.episodes,
+            "simulator_steps": config.simulator_steps,
             "policy": config.policy,
             "horizon": config.horizon,
             "starts": config.starts,
@@ -365,6 +368,7 @@ def merge_rollouts(
             "references": filter_references(results),
         },
         "episode_return": float(np.mean(returns)) if returns else None,
+        "simulator_steps": sum(r.simulator_steps for r in results),
     }
     if generated:
         # What generating cost, for a cost record (the training's is the denoiser stage's).

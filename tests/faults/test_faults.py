@@ -150,7 +150,8 @@ def test_killing_a_worker_during_training_still_completes(
         killer.join()
         assert killed
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
+        # The equal-steps plain arm: BC's 60 steps and the augmented arm's 3,000.
+        assert set(metrics["training"]) == {"bc-original", "bc-augmented", "bc-baseline[3060]"}
         for name in ("bc-original", "bc-augmented"):
             assert (
                 load_checkpoint(run_dir / "models" / name / "checkpoint.pt").extra["step"] == 3000

@@ -230,6 +230,8 @@ def test_the_plan_trains_a_denoiser_samples_in_tasks_and_merges(tmp_path: Path) 
         "rollout:1",
         "rollout",
         "train:td3bc-augmented",
+        # td3bc on the original data for the denoiser's 3,000 steps and the arm's 10,000.
+        "train:td3bc-baseline[13000]",
     ]
     assert plan.stages["denoiser"].function is rollout_stages.train_denoiser_stage
     assert plan.stages["denoiser"].args[2] == str(tmp_path / "run" / "models" / "denoiser.pt")

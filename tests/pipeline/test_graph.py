@@ -6,6 +6,7 @@ the tests; the failure test starts its own so that it can kill a worker.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -165,7 +166,22 @@ def test_runs_through_a_scheduler_address_and_skips_on_rerun(
     shard_set = ShardSet.open(run_dir / "shards" / "augmented")
     assert len(shard_set.shards) == 4 and shard_set.episodes == 8
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
+    # bc again on the original data for the augmented arm's total: BC's 60 steps + its 40.
+    assert set(metrics["training"]) == {"bc-original", "bc-augmented", "bc-baseline[100]"}
+    augmented = metrics["training"]["bc-augmented"]
+    assert (augmented["steps"], augmented["own_steps"]) == (100, 40)
+    assert augmented["simulator_steps"] == shard_set.rows  # no filter: every step is a row
+    comparison = metrics["comparison"]
+    assert comparison["augmented"]["recipe"] == "augmented"
+    assert comparison["augmented"]["steps"] == comparison["plain"]["steps"] == 100
+    assert comparison["plain"]["recipe"] == "baseline[100]"
+    assert comparison["augmented"]["simulator_steps"] == shard_set.rows
+    assert comparison["seeds"] == [0] and comparison["outcome"] == "inconclusive"
+    assert len(comparison["interval"]) == 2 and 0 <= comparison["probability_of_improvement"] <= 1
+    assert comparison["sentence"].startswith("Best augmented arm bc with augmented")
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    opening = page.index(html.escape(comparison["sentence"]))
+    assert opening < page.index("<h2>Does augmentation help?</h2>")
     assert (run_dir / "workflow.yaml").is_file()
 
     again = run_workflow(workflow, run_dir, scheduler=cluster.address)
@@ -490,7 +506,7 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
     assert (entry["learner"], entry["recipe"], entry["seed"]) == ("bc", "mixed", 1)
     assert set(metrics["training"]) == {
         f"bc-{recipe}{suffix}"
-        for recipe in ("original", "augmented", "mixed")
+        for recipe in ("original", "augmented", "mixed", "baseline[100]")
         for suffix in ("", "@s1")
     }
     verdicts = {v["recipe"]: v for v in metrics["verdict"]}
@@ -528,11 +544,17 @@ def test_fused_seeds_match_one_stage_per_seed(cluster: Cluster, tmp_path: Path) 
     fused_workflow = _workflow(tmp_path, train=train, **sections)
     run_dir = tmp_path / "run"
     fused = run_workflow(fused_workflow, run_dir, scheduler=cluster.address)
-    assert {"fused:td3bc-original", "fused:td3bc-augmented"} <= set(fused.executed)
+    assert {
+        "fused:td3bc-original",
+        "fused:td3bc-augmented",
+        "fused:td3bc-baseline[100]",
+    } <= set(fused.executed)
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
     assert stages["fused:td3bc-augmented"]["inputs"] == ["source", "rollout", "rollout@s1"]
     assert stages["train:td3bc-augmented@s1"]["inputs"] == ["fused:td3bc-augmented"]
-    labels = [f"td3bc-{r}{s}" for r in ("original", "augmented") for s in ("", "@s1")]
+    labels = [
+        f"td3bc-{r}{s}" for r in ("original", "augmented", "baseline[100]") for s in ("", "@s1")
+    ]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert set(metrics["training"]) == set(labels)
     assert {e["seed"] for e in metrics["training"].values()} == {0, 1}
@@ -589,8 +611,15 @@ def test_rollout_rounds_run_on_workers_and_score_the_last_policy(
     assert stages["train:bc-augmented"]["inputs"] == ["source", "rollout"]
     assert (run_dir / "shards" / "augmented[round1]" / "manifest.json").is_file()
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    # Only the recipe's learner is a run of the recipe; the retrained policy is not.
-    assert set(metrics["training"]) == {"bc-original", "bc-augmented", "td3bc-original"}
+    # Only the recipe's learner is a run of the recipe; the retrained policy is not. bc's
+    # equal-steps plain run: BC 60 + td3bc's plain 40 + the retrained td3bc 40 + bc's own 40.
+    assert set(metrics["training"]) == {
+        "bc-original",
+        "bc-augmented",
+        "td3bc-original",
+        "bc-baseline[180]",
+    }
+    assert metrics["training"]["bc-augmented"]["steps"] == 180
     retrained = json.loads(
         (run_dir / "models" / "td3bc-augmented.round1" / "metrics.jsonl")
         .read_text()

@@ -37,11 +37,13 @@ def test_a_run_with_videos_embeds_animations_and_the_doctor(
     )
     run_dir = tmp_path / "run"
     first = run_workflow(workflow, run_dir, scheduler=cluster.address)
-    media = {"video:bc-original", "video:bc-augmented", "video:data", "doctor"}
+    # Every trained policy is filmed, the equal-steps plain arm (BC's 60 steps + 40) too.
+    policies = {"bc-original", "bc-augmented", "bc-baseline[100]"}
+    media = {*(f"video:{p}" for p in policies), "video:data", "doctor"}
     assert media <= set(first.executed)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     videos = metrics["videos"]
-    assert set(videos["policies"]) == {"bc-original", "bc-augmented"}
+    assert set(videos["policies"]) == policies
     for record in videos["policies"].values():
         assert [c["label"] for c in record["clips"]] == ["best", "worst"]
     assert len(videos["data"]["original"]["clips"]) == 2
@@ -49,7 +51,7 @@ def test_a_run_with_videos_embeds_animations_and_the_doctor(
     assert all(Path(p).parent == run_dir / "videos" for p in videos["data"]["paths"])
     assert metrics["doctor"]["source"]["findings"] and metrics["doctor"]["augmented"]
     report = (run_dir / "report.html").read_text(encoding="utf-8")
-    assert report.count('<img src="data:image/gif') == 8
+    assert report.count('<img src="data:image/gif') == 2 * 3 + 4
     assert "<h2>Dataset doctor</h2>" in report
 
     again = run_workflow(workflow, run_dir, scheduler=cluster.address)

@@ -45,6 +45,9 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
         "rollout",
         "train:cql-augmented",
         "train:bcq-augmented",
+        # The plain learners again at the augmented arms' total: BC's 20,000 + 10,000 steps.
+        "train:cql-baseline[30000]",
+        "train:bcq-baseline[30000]",
         "diagnose:cql-original",
         "diagnose:bcq-original",
         "diagnose:cql-augmented",
@@ -91,9 +94,10 @@ def test_seeds_times_a_grid_shares_what_is_equal(tmp_path: Path) -> None:
     ]
     assert len([n for n in names if n.startswith("rollout[") and "]:" in n]) == 2 * 2 * 2
     # Every (recipe, learner, seed) is a training run: 4 recipes x 2 learners x 2 seeds, plus
-    # the plain baselines of each learner and seed.
+    # the plain baselines of each learner and seed, with train.steps and with the recipes' total
+    # gradient steps (one total: they share BC and train.steps).
     trains = [n for n in names if n.startswith("train:")]
-    assert len(trains) == 4 * 2 * 2 + 2 * 2
+    assert len(trains) == 4 * 2 * 2 + 2 * 2 + 2 * 2
     assert "train:cql-original@s1" in trains
     assert "train:bcq-noise=gaussian:0.3,mixing=[0.7,0.3]@s1" in trains
     mixed = plan.stages["train:cql-noise=gaussian:0.1,mixing=[0.7,0.3]@s1"]
@@ -217,7 +221,11 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     cpu = {"algorithms": ["td3bc", "bcq"], "device": "cpu"}  # fuse_seeds: auto
     plan = _plan(_workflow(train=cpu, **sections), tmp_path)
     fused = [n for n in plan.names if n.startswith("fused:")]
-    assert fused == ["fused:td3bc-original", "fused:td3bc-augmented"]
+    assert fused == [
+        "fused:td3bc-original",
+        "fused:td3bc-augmented",
+        "fused:td3bc-baseline[30000]",
+    ]
     spec = plan.stages["fused:td3bc-augmented"]
     assert spec.inputs == ("source", "rollout", "rollout@s1")
     models = tmp_path / "run" / "models"
@@ -230,7 +238,7 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     for name in ("train:bcq-augmented@s1", "train:td3bc-noisy@s1", "train:bcq-noisy@s1"):
         assert plan.stages[name].inputs == ("source", "rollout@s1"), name
     runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
-    assert len(runs) == 2 * 3 * 2
+    assert len(runs) == 2 * 4 * 2  # (plain, equal-steps plain, 2 recipes) x learners x seeds
     assert runs[("td3bc", "augmented", 1)] == "train:td3bc-augmented@s1"
     assert runs[("td3bc", "original", 0)] == "train:td3bc-original"
 
@@ -273,12 +281,16 @@ def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
     assert index["rollout"] == {"0": "rollout[twice]"}
     assert index.get("policy_models") == {"0": "train:td3bc-twice.round2"}
     assert "policy_models" not in plan.index["recipes"]["once"]
-    # The retrained policies are not runs of the recipe: the verdict compares cql's only.
+    # The retrained policies are not runs of the recipe: the verdict compares cql's only. The
+    # plain cql again for each recipe's total: BC, td3bc's plain run, the retrained policies of
+    # the earlier rounds and cql's own, 10,000 steps each but BC's 20,000.
     assert {(r["learner"], r["recipe"]) for r in plan.index["runs"]} == {
         ("cql", "original"),
         ("td3bc", "original"),
         ("cql", "once"),
         ("cql", "twice"),
+        ("cql", "baseline[40000]"),
+        ("cql", "baseline[60000]"),
     }
     with pytest.raises(ValueError, match=r"recipes\.r\.rollout.*rounds 2 needs a learner"):
         _workflow(recipes={"r": {"rollout": {"rounds": 2}}})
@@ -310,3 +322,81 @@ def test_noise_calibration_is_one_stage_before_every_rollout_task(tmp_path: Path
         _workflow(rollout={"noise_calibration": {"scales": [0.1]}})
     with pytest.raises(ValueError, match="must all be positive"):
         _workflow(rollout={"filter": "data", "noise_calibration": {"scales": [0.1, 0]}})
+
+
+def _runs(plan: Plan) -> dict[tuple[str, str, int], Any]:
+    return {(r["learner"], r["recipe"], r["seed"]): r for r in plan.index["runs"]}
+
+
+def test_the_equal_steps_plain_arm_trains_for_a_bc_rolled_out_arms_total(tmp_path: Path) -> None:
+    """An arm on BC's rollouts spent BC's steps and its own; every plain learner is planned
+    again for that many steps (a plain run, with the workflow's plain train section)."""
+    workflow = _workflow(
+        seeds=[0, 1],
+        bc={"steps": 3000},
+        train={"algorithms": ["cql", "bcq"], "steps": 500, "fuse_seeds": False},
+        recipes={"augmented": {}, "longer": {"train": {"steps": 700}}},
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(workflow, tmp_path)
+    runs = _runs(plan)
+    augmented = runs["bcq", "augmented", 1]
+    assert (augmented["steps"], augmented["own_steps"]) == (3000 + 500, 500)
+    assert augmented["rollouts"] == ["rollout@s1"]
+    assert runs["cql", "longer", 0]["steps"] == 3000 + 700
+    for learner in ("cql", "bcq"):
+        for seed in (0, 1):
+            assert runs[learner, "original", seed]["steps"] == 500
+            for total in (3500, 3700):
+                plain = runs[learner, f"baseline[{total}]", seed]
+                assert plain["steps"] == plain["own_steps"] == total
+                spec = plan.stages[plain["stage"]]
+                assert spec.inputs == ("source",)  # the original data alone
+                assert spec.args[3] == workflow.plain_train.model_copy(update={"steps": total})
+    assert runs["cql", "baseline[3500]", 1]["stage"] == "train:cql-baseline[3500]@s1"
+    off = _plan(_workflow(train={"algorithms": ["cql"], "baseline": False}), tmp_path)
+    assert not any("baseline[" in name for name in off.names)
+
+
+def test_a_learner_rolled_out_for_policy_steps_counts_them(tmp_path: Path) -> None:
+    """rollout.policy_steps trains the rolling-out learner for its own budget (a plain run of
+    that many steps); the arm's total counts it (and BC, whose density weighs the rows), and
+    train.init plain adds the plain run the arm continues from, counted once."""
+    workflow = _workflow(
+        bc={"steps": 3000},
+        train={"algorithms": ["cql"], "steps": 500},
+        rollout={"episodes": 4, "tasks": 2, "policy": "td3bc", "policy_steps": 2000},
+        recipes={"scratch": {}, "continued": {"train": {"init": "plain"}}},
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(workflow, tmp_path)
+    runs = _runs(plan)
+    policy = runs["td3bc", "baseline[2000]", 0]
+    assert plan.stages["rollout[scratch]:0"].inputs == ("source", "bc", policy["stage"])
+    assert plan.stages[policy["stage"]].args[3].steps == 2000
+    assert plan.index["recipes"]["scratch"]["policy_models"] == {"0": policy["stage"]}
+    assert runs["cql", "scratch", 0]["steps"] == 3000 + 2000 + 500
+    continued = runs["cql", "continued", 0]
+    assert plan.stages[continued["stage"]].inputs == (
+        "source",
+        "rollout[scratch]",
+        "train:cql-original",
+    )
+    assert plan.stages[continued["stage"]].args[-1] == Ref("train:cql-original")
+    assert continued["steps"] == 3000 + 2000 + 500 + 500
+    assert runs["cql", "baseline[5500]", 0]["steps"] == 5500
+    assert runs["cql", "baseline[6000]", 0]["steps"] == 6000
+    # The plain run keeps train.init at scratch; a BC rollout has no policy_steps.
+    assert plan.stages["train:cql-original"].args[3].init == "scratch"
+    with pytest.raises(ValueError, match="policy_steps is the budget of a learner"):
+        _workflow(rollout={"policy_steps": 100})
+
+
+def test_simulator_steps_is_the_simulator_backends_budget(tmp_path: Path) -> None:
+    workflow = _workflow(rollout={"simulator_steps": 3000, "tasks": 3})
+    plan = _plan(workflow, tmp_path)
+    assert plan.stages["rollout:2"].args[2].simulator_steps == 3000  # split by the task
+    with pytest.raises(ValueError, match="simulator_steps is the simulator backend's budget"):
+        _workflow(rollout={"simulator_steps": 3000, "backend": "model"})
+    with pytest.raises(ValueError, match=r"tasks \(4\) must not exceed simulator_steps \(2\)"):
+        _workflow(rollout={"simulator_steps": 2, "tasks": 4})

@@ -20,6 +20,7 @@ from offaug.pipeline.rollouts.simulator import (
     dataset_start_states,
     rollout,
 )
+from offaug.pipeline.rollouts.tasks import split_tasks
 
 BEHAVIOUR_STD = 0.3
 
@@ -270,3 +271,33 @@ def test_self_normalised_weights_are_pooled_over_every_shard(
     np.testing.assert_allclose(
         pooled.extras["self_normalised_weight"], weights / weights.mean(), rtol=1e-5
     )
+
+
+def test_a_simulator_step_budget_ends_the_rollout_there() -> None:
+    """simulator_steps in place of episodes: exactly that many env.step calls, whole episodes
+    (Pendulum's run 200 steps) and the ones the budget cut, which end as truncated."""
+    config = RolloutConfig(
+        episodes=1, simulator_steps=450, n_envs=2, noise=parse_noise("gaussian:0.3"), seed=0
+    )
+    result = rollout(KnownGaussianPolicy(), lambda: gym.make("Pendulum-v1"), config)
+    data = result.transitions
+    assert result.simulator_steps == len(data) == 450
+    lengths = np.bincount(data.episode_ids)
+    assert sorted(lengths.tolist()) == [25, 25, 200, 200]
+    ends = np.cumsum(lengths) - 1
+    assert data.timeouts[ends].all() and not data.terminals.any()
+    assert data.meta["rollout"]["simulator_steps"] == 450
+    # An episode budget counts its steps too.
+    episodes = rollout(
+        KnownGaussianPolicy(),
+        lambda: gym.make("Pendulum-v1"),
+        RolloutConfig(episodes=1, n_envs=1, noise=parse_noise("gaussian:0.3"), seed=0),
+    )
+    assert episodes.simulator_steps == len(episodes.transitions) == 200
+
+
+def test_a_simulator_step_budget_is_split_over_the_tasks() -> None:
+    config = RolloutConfig(episodes=100, simulator_steps=10, seed=2)
+    tasks = split_tasks("a/b-v0", "bc.pt", config, "out", 3)
+    assert [t.config.simulator_steps for t in tasks] == [4, 3, 3]
+    assert [t.config.seed for t in tasks] == [2000, 2001, 2002]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from offaug.algorithms.training import weighting
@@ -171,3 +172,51 @@ def test_mixing_follows_rows_caps_the_augmented_share_at_its_rows(
         shares[follows] = options["mixing"]
     assert shares[False] == pytest.approx([0.5, 0.5])
     assert shares[True] == pytest.approx([1 - pooled, pooled])
+
+
+def test_init_plain_continues_from_the_plain_checkpoint(
+    make_test_dataset, augmented: AugmentedRef, tmp_path: Path
+) -> None:
+    """``train.init: plain``'s stage starts from the plain run's checkpoint: its learner has
+    the plain run's steps behind it, and it trains its own on the mix."""
+    from offaug.algorithms.base import load_checkpoint  # torch, as in the stages
+
+    data = stages.prepare_source(SourceConfig(dataset=make_test_dataset("hopper").dataset_id))
+    config = TrainModel(
+        algorithms=("bc",),
+        steps=6,
+        init="plain",
+        weighting="none",
+        configs={"bc": {"hidden": [16, 16], "batch_size": 16}},
+    )
+    evaluation = EvaluationModel(episodes=1)
+    plain = stages.train_offline(
+        "bc", data, None, config, evaluation, str(tmp_path / "plain"), seed=0
+    )
+    continued = stages.train_offline(
+        "bc", data, augmented, config, evaluation, str(tmp_path / "continued"), 0, None, plain
+    )
+    scratch = stages.train_offline(
+        "bc", data, augmented, config, evaluation, str(tmp_path / "scratch"), seed=0
+    )
+    options = json.loads((tmp_path / "continued" / "config.json").read_text())["options"]
+    assert options["init_checkpoint"] == plain.path
+    states = {
+        name: load_checkpoint(model.path).state
+        for name, model in (("plain", plain), ("continued", continued), ("scratch", scratch))
+    }
+    assert states["plain"]["steps"] == 6 and states["scratch"]["steps"] == 6
+    assert states["continued"]["steps"] == 6 + 6
+    lines = (tmp_path / "continued" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines if '"train"' in line][-1] == 6
+    policy = {n: s["policy"] for n, s in states.items()}
+    assert any(
+        not torch.equal(policy["continued"][k], policy["scratch"][k]) for k in policy["plain"]
+    )
+    with pytest.raises(ValueError, match="a bc checkpoint cannot start cql"):
+        train(
+            "cql",
+            [data.source],
+            tmp_path / "wrong",
+            options=TrainOptions(steps=1, eval_every=0, init_checkpoint=plain.path),
+        )

@@ -1,9 +1,12 @@
-"""The verdict on hand-made scores: helps, hurts, inconclusive, and the reasons it names."""
+"""The verdicts on hand-made scores: helps, hurts, inconclusive, the reasons they name, and the
+best augmented arm against the best plain arm at equal gradient steps."""
 
 from __future__ import annotations
 
+import pytest
+
 from offaug.pipeline.contracts import PLAIN
-from offaug.pipeline.outcome.verdict import RunScore, headline, judge, judge_arm
+from offaug.pipeline.outcome.verdict import RunScore, headline, judge, judge_arm, judge_best
 
 
 def _runs(learner: str, recipe: str, scores: list[float]) -> list[RunScore]:
@@ -72,3 +75,84 @@ def test_an_arm_whose_filter_kept_nothing_says_so() -> None:
     (verdict,) = judge(runs, {"filtered": {"augmented_rows": 0}})
     assert verdict["outcome"] == "inconclusive"
     assert "the filter kept no augmented episode" in verdict["reasons"][0]
+
+
+def _arm(
+    learner: str, recipe: str, scores: list[float], steps: int, own: int | None = None
+) -> list[RunScore]:
+    """One run per seed with ``steps`` in all; an augmented arm (``own`` given) trained ``own``
+    of them itself and rolled out 900 simulator steps, a plain arm none."""
+    return [
+        RunScore(learner, recipe, seed, score, steps, own or steps, 0 if own is None else 900)
+        for seed, score in enumerate(scores)
+    ]
+
+
+def _study(augmented: list[float]) -> list[RunScore]:
+    """Two learners: each plain at train.steps (1,000) and at the augmented arms' total (3,000),
+    and one recipe each; bcq's plain arm at 3,000 steps is the best plain arm there."""
+    return (
+        _arm("cql", PLAIN, [80, 82, 84, 81, 83], 1000)  # better, but at fewer steps
+        + _arm("cql", "baseline[3000]", [40, 42, 44, 41, 43], 3000)
+        + _arm("bcq", PLAIN, [20, 22, 21, 23, 24], 1000)
+        + _arm("bcq", "baseline[3000]", [50, 52, 54, 51, 53], 3000)
+        + _arm("cql", "branch", augmented, 3000, own=1000)
+        + _arm("bcq", "branch", [10, 11, 12, 13, 14], 3000, own=1000)
+    )
+
+
+def test_best_augmented_against_best_plain_at_equal_steps_helps() -> None:
+    comparison = judge_best(_study([70, 72, 71, 73, 74]))
+    assert comparison["outcome"] == "helps"
+    assert comparison["augmented"] is not None and comparison["plain"] is not None
+    assert (comparison["augmented"]["learner"], comparison["augmented"]["recipe"]) == (
+        "cql",
+        "branch",
+    )
+    assert comparison["augmented"]["steps"] == 3000
+    assert comparison["augmented"]["own_steps"] == 1000
+    assert comparison["augmented"]["simulator_steps"] == 900
+    # The best plain arm at 3,000 steps, not cql's better plain run at 1,000.
+    assert comparison["plain"]["learner"] == "bcq"
+    assert comparison["plain"]["recipe"] == "baseline[3000]"
+    assert comparison["plain"]["steps"] == 3000
+    assert comparison["plain"]["iqm"] == pytest.approx(52.0)
+    assert comparison["difference"] == pytest.approx(72.0 - 52.0)
+    assert comparison["interval"] is not None and comparison["interval"][0] > 0
+    assert comparison["probability_of_improvement"] == 1.0
+    assert comparison["seeds"] == [0, 1, 2, 3, 4]
+    sentence = comparison["sentence"]
+    assert sentence.startswith("Best augmented arm cql with branch")
+    assert "3,000 gradient steps, 1,000 its own" in sentence
+    assert "best plain arm bcq" in sentence and "augmentation helps" in sentence
+
+
+def test_best_augmented_against_best_plain_hurts_or_is_inconclusive() -> None:
+    hurts = judge_best(_study([30, 31, 32, 33, 34]))
+    assert hurts["outcome"] == "hurts"
+    assert hurts["interval"] is not None and hurts["interval"][1] < 0
+    assert "augmentation hurts" in hurts["sentence"]
+    close = judge_best(_study([50, 53, 51, 54, 52]))
+    assert close["outcome"] == "inconclusive"
+    assert close["interval"] is not None and close["interval"][0] < 0 < close["interval"][1]
+    assert "no clear difference" in close["sentence"]
+    # The per-learner verdict still compares with the same learner's plain arm alone.
+    assert {(v["learner"], v["recipe"]) for v in judge(_study([50, 53, 51, 54, 52]))} == {
+        ("cql", "branch"),
+        ("bcq", "branch"),
+    }
+
+
+def test_best_against_best_says_why_it_has_no_verdict() -> None:
+    plain_only = judge_best(_arm("cql", PLAIN, [1, 2, 3], 1000))
+    assert plain_only["outcome"] is None and "no augmented arm" in plain_only["sentence"]
+    no_bar = judge_best(
+        _arm("cql", PLAIN, [1, 2, 3], 1000) + _arm("cql", "branch", [5, 6, 7], 3000, own=1000)
+    )
+    assert no_bar["outcome"] is None and no_bar["plain"] is None
+    assert "no plain arm was trained for as many" in no_bar["sentence"]
+    expert = judge_best(
+        _arm("cql", "baseline[3000]", [100, 101, 102], 3000)
+        + _arm("cql", "branch", [99, 100, 101], 3000, own=1000)
+    )
+    assert "already reaches the expert" in expert["sentence"]

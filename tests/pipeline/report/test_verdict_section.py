@@ -1,13 +1,15 @@
-"""The verdict section on hand-made metrics: helps, hurts and inconclusive, first on the page."""
+"""The verdict sections on hand-made metrics: the best-against-best sentence first on the page,
+then helps, hurts and inconclusive per learner."""
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from offaug.pipeline.contracts import PLAIN
-from offaug.pipeline.outcome.verdict import RunScore, as_json, headline, judge
+from offaug.pipeline.outcome.verdict import RunScore, as_json, headline, judge, judge_best
 from offaug.pipeline.report import render_html
-from offaug.pipeline.report.verdict_section import verdict_html
+from offaug.pipeline.report.verdict_section import comparison_html, verdict_html
 
 PLAIN_SCORES = [40.0, 42.0, 44.0, 41.0, 43.0]
 ARMS = {
@@ -72,3 +74,23 @@ def test_the_verdict_comes_first_and_a_run_without_one_says_why() -> None:
     assert ".hurts" in page  # its styles are inline too
     empty = render_html({})
     assert "No verdict" in empty
+
+
+def test_the_page_opens_with_the_best_against_best_sentence() -> None:
+    runs = [RunScore("cql", PLAIN, s, v, 1000, 1000, 0) for s, v in enumerate(PLAIN_SCORES)]
+    runs += [
+        RunScore("iql", "baseline[3000]", s, v - 5, 3000, 3000, 0)
+        for s, v in enumerate(PLAIN_SCORES)
+    ]
+    runs += [RunScore("cql", "branch", s, v, 3000, 1000, 800) for s, v in enumerate(ARMS["branch"])]
+    metrics = {**_metrics(), "comparison": judge_best(runs)}
+    sentence = metrics["comparison"]["sentence"]
+    assert sentence.startswith("Best augmented arm cql with branch")
+    page = render_html(metrics)
+    body = page[page.index("<body>") :]
+    assert body.index(html.escape(sentence)) < body.index("<h2>Does augmentation help?</h2>")
+    section = comparison_html(metrics)
+    assert '<span class="helps">●</span>' in section
+    assert "<td>best plain</td><td>iql</td><td>baseline[3000]</td><td>3,000 (3,000)</td>" in section
+    assert "<td>3,000 (1,000)</td><td>800</td>" in section
+    assert "No best-against-best verdict" in comparison_html({})
