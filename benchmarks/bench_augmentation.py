@@ -185,19 +185,25 @@ def _per_seed(metrics: dict[str, Any], learner: str, recipe: str) -> list[float 
 
 
 def dataset_records(
-    name: str, metrics: dict[str, Any], size: dict[str, Any]
+    name: str, metrics: dict[str, Any], size: dict[str, Any], default_recipe: str = "default"
 ) -> list[dict[str, Any]]:
-    """The records of one dataset's run, read from its ``metrics.json``."""
-    comparison = metrics["comparison"]
-    best, default = comparison["best"], comparison.get("default")
-    arms = {
-        f"{entry['learner']}-{entry['recipe']}": _per_seed(
-            metrics, entry["learner"], entry["recipe"]
-        )
-        for entry in metrics["training"].values()
-    }
-    records = [_record(f"augmentation_{name}", best, metrics, size, arms)]
-    if default is not None:
+    """The records of one dataset's run, read from its ``metrics.json``: its ``comparison``
+    (the best augmented arm against the best plain learner at equal total gradient steps), and
+    the default recipe judged the same way (:func:`~offaug.pipeline.outcome.verdict.judge_best`
+    over that recipe's runs and the plain ones)."""
+    from offaug.pipeline.contracts import is_plain
+    from offaug.pipeline.outcome.summary import run_scores
+    from offaug.pipeline.outcome.verdict import judge_best
+
+    arms: dict[str, list[float | None]] = {}
+    for entry in metrics["training"].values():
+        arm = f"{entry['learner']}-{entry['recipe']}"
+        arms.setdefault(arm, _per_seed(metrics, entry["learner"], entry["recipe"]))
+    records = [_record(f"augmentation_{name}", metrics["comparison"], metrics, size, arms)]
+    runs, _ = run_scores(metrics["training"])
+    default_runs = [r for r in runs if r.recipe == default_recipe or is_plain(r.recipe)]
+    if any(r.recipe == default_recipe for r in default_runs):
+        default = dict(judge_best(default_runs))
         records.append(_record(f"augmentation_default_{name}", default, metrics, size, arms))
     return records
 
@@ -209,9 +215,12 @@ def _record(
     size: dict[str, Any],
     arms: dict[str, list[float | None]],
 ) -> dict[str, Any]:
-    """One comparison of ``metrics.json``'s ``comparison`` as a benchmark record."""
+    """A best-against-best comparison (metrics.json's ``comparison`` layout) as a record."""
     augmented, plain = judged["augmented"], judged["plain"]
-    helps = judged["interval"][0] > 0 and judged["probability_of_improvement"] >= HELPS_PROBABILITY
+    if augmented is None or plain is None:
+        raise RuntimeError(f"{benchmark}: no comparison: {judged['sentence']}")
+    interval = judged["interval"]
+    helps = interval[0] > 0 and judged["probability_of_improvement"] >= HELPS_PROBABILITY
     return {
         "benchmark": benchmark,
         "unit": "normalised score (points)",
@@ -222,20 +231,19 @@ def _record(
             " same seeds"
         ),
         "ratio": judged["difference"],
-        "interval": judged["interval"],
+        "interval": interval,
         "probability_of_improvement": judged["probability_of_improvement"],
         "goal": 0.0,
         "goal_met": helps,
         "outcome": judged["outcome"],
-        "loses": judged["interval"][1] < 0,
-        "repeats": len(metrics["seeds"]),
-        "seeds": metrics["seeds"],
+        "loses": interval[1] < 0,
+        "repeats": len(judged["seeds"]),
+        "seeds": judged["seeds"],
         "size": size,
         "absolute": {
             "augmented": augmented,
             "plain": plain,
-            "simulator_steps": judged.get("simulator_steps"),
-            "sentence": judged.get("sentence"),
+            "sentence": judged["sentence"],
             "arms": arms,
         },
         "notes": (

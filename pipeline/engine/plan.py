@@ -18,13 +18,13 @@ keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``
 has the name of the first recipe that asked for it.
 
 **Equal steps.** Each run's total gradient steps are those of every model its training depends
-on, found by walking the plan's inputs (each model counted once): its own, the BC clone and the
-learners whose rollouts it trains on (every round; ``rollout.policy_steps``), a dynamics
-ensemble or a denoiser, and the plain run it starts from (``train.init: plain``). With
-``train.baseline`` every plain learner is trained again for each total an augmented arm spent
-(``train:LEARNER-baseline[STEPS]``), the bar :func:`~offaug.pipeline.outcome.verdict.judge_best`
-judges the best augmented arm against. The run index records each run's ``steps``,
-``own_steps`` and ``rollouts``.
+on, found by walking the plan's inputs (each model counted once): its own, the BC clone (where it
+rolls out or its density weights the rows), the learners whose rollouts it trains on (every round;
+``rollout.policy_steps``), a dynamics ensemble or a denoiser, and the plain run it starts from
+(``train.init: plain``). With ``train.baseline`` every plain learner is trained again for each total
+an augmented arm spent (``train:LEARNER-baseline[STEPS]``), the bar
+:func:`~offaug.pipeline.outcome.verdict.judge_best` judges the best augmented arm against. The run
+index records each run's ``steps``, ``own_steps`` and ``rollouts``.
 
 **Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
 (:func:`offaug.algorithms.fused.train.fusable`; with ``auto``, one for which fusing pays on the
@@ -75,6 +75,11 @@ class _Planner:
         """(recipe, seed) -> the policy its last rollout round rolled out, where it is not the
         learner's plain run (a retrained one, or one trained for ``rollout.policy_steps``)."""
         self.gradient_steps: dict[str, int] = {}
+        self.bc_stages: set[str] = set()
+        """The BC stages: counted in a run's steps only where the clone shapes its data."""
+        self.bc_shapes_data: dict[str, bool] = {}
+        """Recipe -> whether its augmented rows come from the BC clone or are weighted by its
+        density (rollout.policy bc, or weighting behaviour)."""
         """Stage -> the gradient steps it trains one model for (BC, learners, dynamics)."""
         self.depends: dict[str, tuple[str, ...]] = {}
         """Stage -> what one seed's model depends on, where its stage's inputs say more (a
@@ -249,9 +254,11 @@ class _Planner:
             return self.fused(train, algorithm, recipe, nothing)[seed]
         return self.train(train, algorithm, recipe, seed, None)
 
-    def total_steps(self, stage: str) -> tuple[int, list[str]]:
+    def total_steps(self, stage: str, count_bc: bool = True) -> tuple[int, list[str]]:
         """The gradient steps of every model ``stage``'s model depends on (itself included),
-        each counted once, and the rollout merges among them in plan order."""
+        each counted once, and the rollout merges among them in plan order. ``count_bc``
+        False leaves the BC clone's steps out: a learner's rollouts carry the clone only for
+        the diagnostics' behaviour density, which unweighted training never reads."""
         seen: set[str] = set()
         todo = [stage]
         while todo:
@@ -259,7 +266,8 @@ class _Planner:
             if name not in seen:
                 seen.add(name)
                 todo.extend(self.depends.get(name, self.plan.stages[name].inputs))
-        steps = sum(self.gradient_steps.get(name, 0) for name in seen)
+        counted = seen if count_bc else seen - self.bc_stages
+        steps = sum(self.gradient_steps.get(name, 0) for name in counted)
         return steps, [n for n in self.plan.names if n in seen and n in self.rollout_merges]
 
     def baselines(self) -> None:
@@ -269,7 +277,7 @@ class _Planner:
         if not workflow.train.baseline:
             return
         totals = {
-            self.total_steps(run["stage"])[0]
+            self.total_steps(run["stage"], self.bc_shapes_data.get(run["recipe"], True))[0]
             for run in self.plan.index["runs"]
             if not is_plain(run["recipe"])
         }
@@ -281,7 +289,8 @@ class _Planner:
     def account(self) -> None:
         """Each run's total and own gradient steps and the rollouts it depends on, in the index."""
         for run in self.plan.index["runs"]:
-            run["steps"], run["rollouts"] = self.total_steps(run["stage"])
+            count_bc = self.bc_shapes_data.get(run["recipe"], True)
+            run["steps"], run["rollouts"] = self.total_steps(run["stage"], count_bc)
             run["own_steps"] = self.gradient_steps[run["stage"]]
 
     def trainings(self, recipe: Recipe, rollouts: dict[int, str | None]) -> None:
@@ -307,6 +316,7 @@ class _Planner:
             )
         )
         self.gradient_steps[name] = recipe.bc.steps
+        self.bc_stages.add(name)
         return name
 
     def rollout(self, recipe: Recipe, seed: int, bc: str | None) -> str:
@@ -551,6 +561,10 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
                 else None
             )
     for recipe in arms.values():
+        planner.bc_shapes_data[recipe.name] = (
+            str(getattr(recipe.rollout, "policy", "bc") or "bc") == "bc"
+            or recipe.train.weighting == "behaviour"
+        )
         planner.trainings(recipe, rollouts[recipe.name])
     planner.baselines()
     planner.account()

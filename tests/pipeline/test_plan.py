@@ -400,3 +400,25 @@ def test_simulator_steps_is_the_simulator_backends_budget(tmp_path: Path) -> Non
         _workflow(rollout={"simulator_steps": 3000, "backend": "model"})
     with pytest.raises(ValueError, match=r"tasks \(4\) must not exceed simulator_steps \(2\)"):
         _workflow(rollout={"simulator_steps": 2, "tasks": 4})
+
+
+def test_a_learners_unweighted_rollouts_leave_the_bc_clones_steps_out(tmp_path: Path) -> None:
+    """BC counts where its clone shapes the data (it rolls out, or its density weights the
+    rows); a learner's unweighted rollouts carry it only for the diagnostics."""
+    workflow = _workflow(
+        bc={"steps": 3000},
+        rollout={"policy": "td3bc"},
+        train={"algorithms": ["td3bc"], "steps": 500, "fuse_seeds": False},
+        recipes={
+            "unweighted": {"train": {"weighting": "none"}},
+            "weighted": {"train": {"weighting": "behaviour"}},
+        },
+        diagnostics={"enabled": False},
+    )
+    runs = _runs(_plan(workflow, tmp_path))
+    assert runs["td3bc", "unweighted", 0]["steps"] == 500 + 500
+    assert runs["td3bc", "weighted", 0]["steps"] == 3000 + 500 + 500
+    assert {r for (_, r, _) in runs if r.startswith("baseline[")} == {
+        "baseline[1000]",
+        "baseline[4000]",
+    }
