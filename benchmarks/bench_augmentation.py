@@ -107,7 +107,7 @@ class Sizes:
     rollout_episodes: int
 
 
-FULL = Sizes(train_steps=None, bc_steps=20_000, eval_episodes=10, rollout_episodes=50)
+FULL = Sizes(train_steps=None, bc_steps=5000, eval_episodes=10, rollout_episodes=50)
 QUICK = Sizes(train_steps=500, bc_steps=1000, eval_episodes=3, rollout_episodes=8)
 
 
