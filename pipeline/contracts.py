@@ -15,8 +15,8 @@ from typing import Any, NotRequired, TypedDict
 
 from offaug.datasets.shards import ShardRef
 
-PLAIN = "original"
-"""The recipe name of training on the original data alone."""
+PLAIN = "plain"
+"""The recipe name of the arm trained on the original data alone (the baseline)."""
 VIDEO_STAGE_PREFIX = "video:"
 """Stage names of the report's media: ``video:<model>`` per trained policy and ``video:data``."""
 DATA_VIDEO_STAGE = "video:data"

@@ -10,7 +10,7 @@ config, seed), one rollout (tasks and merge) per (rollout config, BC, rollout po
 and recipes that differ only in how they train (``train.mixing``) share their rollouts.
 
 **Names.** A stage of the workflow's own ``seed`` and of the default recipe (``augmented``)
-keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``,
+keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-plain``,
 ``train:cql-augmented``, ``diagnose:cql-augmented``, ``diagnose``). Another seed appends
 ``@sSEED``; another recipe's rollout, merged diagnostics and recipe-specific BC carry
 ``[RECIPE]``: ``bc@s1``, ``bc[RECIPE]``, ``rollout[RECIPE]:0@s1``, ``rollout[RECIPE]@s1``,

@@ -12,7 +12,7 @@ from offaug.pipeline.outcome.verdict import ArmVerdict
 
 # ``return`` is a keyword, so this one is spelled functionally: the final evaluation's mean
 # return and its D4RL-normalised score (None without reference scores), the learner, recipe
-# (``original`` for the plain baseline) and training seed, and the checkpoint's path.
+# (``plain`` for the baseline) and training seed, and the checkpoint's path.
 TrainingResult = TypedDict(
     "TrainingResult",
     {
@@ -98,7 +98,7 @@ class Videos(TypedDict, total=False):
     """``metrics.json``'s ``videos``."""
 
     policies: dict[str, VideoSet]
-    """Per trained policy (``<algorithm>-original`` / ``-augmented``)."""
+    """Per trained policy (``<algorithm>-plain`` / ``-augmented``: its train stage's name)."""
     data: DataVideos | None
     max_report_mb: float
     """Bound on report.html (10^6 bytes)."""
@@ -126,7 +126,7 @@ class Metrics(TypedDict, total=False):
     """``metrics.json``: a run's metrics."""
 
     training: dict[str, TrainingResult]
-    """One result per training run, named ``LEARNER-RECIPE`` (``cql-original``,
+    """One result per training run, named ``LEARNER-RECIPE`` (``cql-plain``,
     ``cql-augmented``), with ``@sSEED`` for seeds other than the workflow's ``seed``."""
     seeds: list[int]
     """The training seeds."""

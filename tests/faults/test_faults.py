@@ -150,8 +150,8 @@ def test_killing_a_worker_during_training_still_completes(
         killer.join()
         assert killed
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
-        for name in ("bc-original", "bc-augmented"):
+        assert set(metrics["training"]) == {"bc-plain", "bc-augmented"}
+        for name in ("bc-plain", "bc-augmented"):
             assert (
                 load_checkpoint(run_dir / "models" / name / "checkpoint.pt").extra["step"] == 3000
             )

@@ -164,7 +164,7 @@ def test_runs_through_a_scheduler_address_and_skips_on_rerun(
     shard_set = ShardSet.open(run_dir / "shards" / "augmented")
     assert len(shard_set.shards) == 4 and shard_set.episodes == 8
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
+    assert set(metrics["training"]) == {"bc-plain", "bc-augmented"}
     assert (run_dir / "workflow.yaml").is_file()
 
     again = run_workflow(workflow, run_dir, scheduler=cluster.address)
@@ -174,12 +174,12 @@ def test_runs_through_a_scheduler_address_and_skips_on_rerun(
     # One parameter changes: only what depends on it runs again.
     noisier = _workflow(tmp_path, rollout={"noise": "gaussian:0.3"})
     third = run_workflow(noisier, run_dir, scheduler=cluster.address)
-    assert {"source", "bc", "train:bc-original"} <= set(third.skipped)
+    assert {"source", "bc", "train:bc-plain"} <= set(third.skipped)
     assert {"rollout", "train:bc-augmented", "rollout:0"} <= set(third.executed)
 
     forced = run_workflow(noisier, run_dir, scheduler=cluster.address, force=["bc"])
     assert "bc" in forced.executed and "rollout:1" in forced.executed
-    assert "source" in forced.skipped and "train:bc-original" in forced.skipped
+    assert "source" in forced.skipped and "train:bc-plain" in forced.skipped
 
 
 def test_a_corrupted_output_is_regenerated(cluster: Cluster, tmp_path: Path) -> None:
@@ -264,7 +264,7 @@ def test_a_second_run_on_a_held_directory_stops_at_once(
     assert first.wait(timeout=600) == 0, first_log.read_text()
     assert not lock.exists()
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
+    assert set(metrics["training"]) == {"bc-plain", "bc-augmented"}
 
 
 def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Path) -> None:
@@ -355,7 +355,7 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     changed = _workflow(tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 33}}})
 
     def key(w: Workflow) -> str:
-        return stage_key("train:bc-original", {"train": w.train, "evaluation": w.evaluation}, [])
+        return stage_key("train:bc-plain", {"train": w.train, "evaluation": w.evaluation}, [])
 
     assert key(reloaded) == key(workflow)
     assert key(changed) != key(workflow)
@@ -466,8 +466,8 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
         "rollout",
         "rollout:0@s1",
         "rollout@s1",
-        "train:bc-original",
-        "train:bc-original@s1",
+        "train:bc-plain",
+        "train:bc-plain@s1",
         "train:bc-augmented",
         "train:bc-augmented@s1",
         "train:bc-mixed",
@@ -489,7 +489,7 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
     assert (entry["learner"], entry["recipe"], entry["seed"]) == ("bc", "mixed", 1)
     assert set(metrics["training"]) == {
         f"bc-{recipe}{suffix}"
-        for recipe in ("original", "augmented", "mixed")
+        for recipe in ("plain", "augmented", "mixed")
         for suffix in ("", "@s1")
     }
     verdicts = {v["recipe"]: v for v in metrics["verdict"]}
@@ -522,11 +522,11 @@ def test_fused_seeds_match_one_stage_per_seed(cluster: Cluster, tmp_path: Path) 
     fused_workflow = _workflow(tmp_path, train=train, **sections)
     run_dir = tmp_path / "run"
     fused = run_workflow(fused_workflow, run_dir, scheduler=cluster.address)
-    assert {"fused:td3bc-original", "fused:td3bc-augmented"} <= set(fused.executed)
+    assert {"fused:td3bc-plain", "fused:td3bc-augmented"} <= set(fused.executed)
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
     assert stages["fused:td3bc-augmented"]["inputs"] == ["source", "rollout", "rollout@s1"]
     assert stages["train:td3bc-augmented@s1"]["inputs"] == ["fused:td3bc-augmented"]
-    labels = [f"td3bc-{r}{s}" for r in ("original", "augmented") for s in ("", "@s1")]
+    labels = [f"td3bc-{r}{s}" for r in ("plain", "augmented") for s in ("", "@s1")]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert set(metrics["training"]) == set(labels)
     assert {e["seed"] for e in metrics["training"].values()} == {0, 1}
@@ -540,7 +540,7 @@ def test_fused_seeds_match_one_stage_per_seed(cluster: Cluster, tmp_path: Path) 
         fused_workflow, run_dir, scheduler=cluster.address, force=["train:td3bc-augmented@s1"]
     )
     assert {"fused:td3bc-augmented", "train:td3bc-augmented"} <= set(forced.executed)
-    assert "fused:td3bc-original" in forced.skipped
+    assert "fused:td3bc-plain" in forced.skipped
 
     apart_train = {**train, "fuse_seeds": False}
     apart = run_workflow(
@@ -575,7 +575,7 @@ def test_rollout_rounds_run_on_workers_and_score_the_last_policy(
     run_dir = tmp_path / "run"
     result = run_workflow(workflow, run_dir, scheduler=cluster.address)
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
-    assert {"train:td3bc-original", "rollout[round1]", "train:td3bc-augmented.round1"} <= set(
+    assert {"train:td3bc-plain", "rollout[round1]", "train:td3bc-augmented.round1"} <= set(
         result.executed
     )
     assert stages["train:td3bc-augmented.round1"]["inputs"] == ["source", "rollout[round1]"]
@@ -584,7 +584,7 @@ def test_rollout_rounds_run_on_workers_and_score_the_last_policy(
     assert (run_dir / "shards" / "augmented[round1]" / "manifest.json").is_file()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     # Only the recipe's learner is a run of the recipe; the retrained policy is not.
-    assert set(metrics["training"]) == {"bc-original", "bc-augmented", "td3bc-original"}
+    assert set(metrics["training"]) == {"bc-plain", "bc-augmented", "td3bc-plain"}
     retrained = json.loads(
         (run_dir / "models" / "td3bc-augmented.round1" / "metrics.jsonl")
         .read_text()

@@ -50,7 +50,7 @@ def trained(
     bc = stages.train_bc(data, BCConfigModel(steps=20, hidden=(16, 16)), str(root / "bc"), 0)
     train = TrainModel(algorithms=("bc",), steps=20, configs={"bc": {"hidden": [16, 16]}})
     model = stages.train_offline(
-        "bc", data, None, train, EvaluationModel(episodes=3), str(root / "bc-original"), 0
+        "bc", data, None, train, EvaluationModel(episodes=3), str(root / "bc-plain"), 0
     )
     rollout = RolloutModel(episodes=3, tasks=1, n_envs=3, start="dataset", noise="gaussian:0.2")
     shards = str(root / "augmented")
@@ -102,7 +102,7 @@ def test_data_films_show_recorded_states_and_exact_replays(
         assert frames.std() > 5 and frames.shape[1:] == (48, 64, 3)
     assert len(record["paths"]) == 4 and all(Path(p).is_file() for p in record["paths"])
     metrics = media_metrics(
-        {"video:data": record, "video:bc-original": {"unavailable": "x"}}, FILMS
+        {"video:data": record, "video:bc-plain": {"unavailable": "x"}}, FILMS
     )
     assert metrics["videos"]["data"] is record and metrics["videos"]["max_report_mb"] == 20
 

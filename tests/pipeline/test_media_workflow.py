@@ -37,11 +37,11 @@ def test_a_run_with_videos_embeds_animations_and_the_doctor(
     )
     run_dir = tmp_path / "run"
     first = run_workflow(workflow, run_dir, scheduler=cluster.address)
-    media = {"video:bc-original", "video:bc-augmented", "video:data", "doctor"}
+    media = {"video:bc-plain", "video:bc-augmented", "video:data", "doctor"}
     assert media <= set(first.executed)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     videos = metrics["videos"]
-    assert set(videos["policies"]) == {"bc-original", "bc-augmented"}
+    assert set(videos["policies"]) == {"bc-plain", "bc-augmented"}
     for record in videos["policies"].values():
         assert [c["label"] for c in record["clips"]] == ["best", "worst"]
     assert len(videos["data"]["original"]["clips"]) == 2

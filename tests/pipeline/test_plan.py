@@ -37,16 +37,16 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
     plan = _plan(_workflow(), tmp_path)
     assert plan.names == [
         "source",
-        "train:cql-original",
-        "train:bcq-original",
+        "train:cql-plain",
+        "train:bcq-plain",
         "bc",
         "rollout:0",
         "rollout:1",
         "rollout",
         "train:cql-augmented",
         "train:bcq-augmented",
-        "diagnose:cql-original",
-        "diagnose:bcq-original",
+        "diagnose:cql-plain",
+        "diagnose:bcq-plain",
         "diagnose:cql-augmented",
         "diagnose:bcq-augmented",
         "diagnose",
@@ -56,7 +56,7 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
     assert spec.args[5] == str(tmp_path / "run" / "models" / "cql-augmented")
     assert plan.stages["rollout"].args[1] == str(tmp_path / "run" / "shards" / "augmented")
     runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
-    assert runs[("cql", "original", 0)] == "train:cql-original"
+    assert runs[("cql", "plain", 0)] == "train:cql-plain"
     assert runs[("bcq", "augmented", 0)] == "train:bcq-augmented"
 
 
@@ -94,7 +94,7 @@ def test_seeds_times_a_grid_shares_what_is_equal(tmp_path: Path) -> None:
     # the plain baselines of each learner and seed.
     trains = [n for n in names if n.startswith("train:")]
     assert len(trains) == 4 * 2 * 2 + 2 * 2
-    assert "train:cql-original@s1" in trains
+    assert "train:cql-plain@s1" in trains
     assert "train:bcq-noise=gaussian:0.3,mixing=[0.7,0.3]@s1" in trains
     mixed = plan.stages["train:cql-noise=gaussian:0.1,mixing=[0.7,0.3]@s1"]
     assert mixed.inputs == ("source", "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]@s1")
@@ -129,13 +129,13 @@ def test_recipes_share_bc_and_rollouts_unless_they_change_them(tmp_path: Path) -
     assert plan.stages["rollout[clone-more]:0"].inputs == ("source", "bc[clone-more]")
     assert plan.stages["train:cql-longer"].args[3].steps == 20_000
     # The plain baselines are trained once, with the workflow's own train section.
-    assert [n for n in plan.names if n.endswith("-original")] == [
-        "train:cql-original",
-        "train:bcq-original",
-        "diagnose:cql-original",
-        "diagnose:bcq-original",
-        "diagnose[clone-more]:cql-original",  # judged against that recipe's own beta_hat
-        "diagnose[clone-more]:bcq-original",
+    assert [n for n in plan.names if n.endswith("-plain")] == [
+        "train:cql-plain",
+        "train:bcq-plain",
+        "diagnose:cql-plain",
+        "diagnose:bcq-plain",
+        "diagnose[clone-more]:cql-plain",  # judged against that recipe's own beta_hat
+        "diagnose[clone-more]:bcq-plain",
     ]
     assert {"diagnose", "diagnose[longer]", "diagnose[clone-more]", "diagnose[wide]"} <= set(
         plan.names
@@ -159,7 +159,7 @@ def test_recipe_and_grid_problems_name_the_field_and_line(tmp_path: Path) -> Non
         "  narrow:\n"
         "    rollout:\n"
         "      episods: 10\n"
-        "  original: {}\n"
+        "  plain: {}\n"
         "  cautious:\n"
         "    train:\n"
         "      configs: {cql: {hiden: [8]}}\n"
@@ -177,7 +177,7 @@ def test_recipe_and_grid_problems_name_the_field_and_line(tmp_path: Path) -> Non
         and "episodes" in line
         for line in lines
     ), lines
-    assert any(line.startswith(f"{path}:7: recipes.original: ") for line in lines), lines
+    assert any(line.startswith(f"{path}:7: recipes.plain: ") for line in lines), lines
     assert any(
         line.startswith(f"{path}:10: recipes.cautious.train.configs.cql.hiden: unknown CQLConfig")
         for line in lines
@@ -217,7 +217,7 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     cpu = {"algorithms": ["td3bc", "bcq"], "device": "cpu"}  # fuse_seeds: auto
     plan = _plan(_workflow(train=cpu, **sections), tmp_path)
     fused = [n for n in plan.names if n.startswith("fused:")]
-    assert fused == ["fused:td3bc-original", "fused:td3bc-augmented"]
+    assert fused == ["fused:td3bc-plain", "fused:td3bc-augmented"]
     spec = plan.stages["fused:td3bc-augmented"]
     assert spec.inputs == ("source", "rollout", "rollout@s1")
     models = tmp_path / "run" / "models"
@@ -232,7 +232,7 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
     assert len(runs) == 2 * 3 * 2
     assert runs[("td3bc", "augmented", 1)] == "train:td3bc-augmented@s1"
-    assert runs[("td3bc", "original", 0)] == "train:td3bc-original"
+    assert runs[("td3bc", "plain", 0)] == "train:td3bc-plain"
 
     for device, fuse_seeds in (("cpu", True), ("cuda", "auto")):
         train = {"algorithms": ["td3bc", "bcq"], "device": device, "fuse_seeds": fuse_seeds}
@@ -260,7 +260,7 @@ def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
     plan = _plan(workflow, tmp_path)
     stages = plan.stages
     # Round 1 rolls out td3bc's plain run, the same stages as the recipe without rounds.
-    assert stages["rollout[once]:0"].inputs == ("source", "bc", "train:td3bc-original")
+    assert stages["rollout[once]:0"].inputs == ("source", "bc", "train:td3bc-plain")
     assert "rollout[twice.round1]" not in plan.names
     # Round 2 rolls out td3bc retrained on the original data and round 1's rollouts, with the
     # recipe's train settings; round 3 (the last) keeps the recipe's own names.
@@ -275,8 +275,8 @@ def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
     assert "policy_models" not in plan.index["recipes"]["once"]
     # The retrained policies are not runs of the recipe: the verdict compares cql's only.
     assert {(r["learner"], r["recipe"]) for r in plan.index["runs"]} == {
-        ("cql", "original"),
-        ("td3bc", "original"),
+        ("cql", "plain"),
+        ("td3bc", "plain"),
         ("cql", "once"),
         ("cql", "twice"),
     }
