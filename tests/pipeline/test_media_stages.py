@@ -101,9 +101,7 @@ def test_data_films_show_recorded_states_and_exact_replays(
         frames = iio.imread(clip["path"], index=None)
         assert frames.std() > 5 and frames.shape[1:] == (48, 64, 3)
     assert len(record["paths"]) == 4 and all(Path(p).is_file() for p in record["paths"])
-    metrics = media_metrics(
-        {"video:data": record, "video:bc-plain": {"unavailable": "x"}}, FILMS
-    )
+    metrics = media_metrics({"video:data": record, "video:bc-plain": {"unavailable": "x"}}, FILMS)
     assert metrics["videos"]["data"] is record and metrics["videos"]["max_report_mb"] == 20
 
 
