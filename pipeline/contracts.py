@@ -22,6 +22,8 @@ VIDEO_STAGE_PREFIX = "video:"
 DATA_VIDEO_STAGE = "video:data"
 DOCTOR_STAGE = "doctor"
 """The dataset doctor's stage."""
+REPORT_STAGE = "report"
+"""The stage that writes metrics.json and report.html from every other stage's result."""
 
 
 @dataclasses.dataclass(frozen=True)

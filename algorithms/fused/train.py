@@ -69,7 +69,7 @@ def fusable(algorithm: str) -> bool:
     return has_fused_spec(_trainer_type(algorithm))
 
 
-def fusing_pays(algorithm: str, device: torch.device) -> bool:
+def fusing_pays(algorithm: str, device: torch.device | str) -> bool:
     """Whether ``algorithm``'s seeds are best trained fused on ``device`` (``fuse_seeds: auto``).
 
     On a GPU every fusable learner: one small seed leaves most of the device idle. On a CPU only
@@ -81,7 +81,8 @@ def fusing_pays(algorithm: str, device: torch.device) -> bool:
     """
     if not fusable(algorithm):
         return False
-    return device.type != "cpu" or bool(getattr(_trainer_type(algorithm), "fuses_on_cpu", True))
+    on_cpu = torch.device(device).type == "cpu"
+    return not on_cpu or bool(getattr(_trainer_type(algorithm), "fuses_on_cpu", True))
 
 
 def _trainer_type(algorithm: str) -> type[Any]:

@@ -308,7 +308,7 @@ def diagnose_run(
         bc,
         models,
         config,
-        str(layout.root / "diagnostics.json"),
+        str(layout.diagnostics),
         seed,
         settings=settings,
     )

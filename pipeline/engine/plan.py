@@ -35,16 +35,26 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from offaug.pipeline.contracts import PLAIN, RecipeStages, RunEntry, RunIndex
-from offaug.pipeline.engine.scheduler import Ref, RefList
-from offaug.pipeline.engine.stage_plan import Plan, StageSpec, path_name
+from offaug.pipeline.contracts import (
+    DATA_VIDEO_STAGE,
+    DOCTOR_STAGE,
+    PLAIN,
+    REPORT_STAGE,
+    VIDEO_STAGE_PREFIX,
+    RecipeStages,
+    RunEntry,
+    RunIndex,
+)
+from offaug.pipeline.engine.stage_plan import Plan, Ref, RefList, StageSpec, path_name
 from offaug.pipeline.outcome.summary import weighting_of
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.recipes import DEFAULT_RECIPE, Recipe
 from offaug.pipeline.schema.sections import RolloutModel, TrainModel
 from offaug.pipeline.schema.workflow import Workflow
 from offaug.pipeline.stages import learning as stages
+from offaug.pipeline.stages import media as media_stages
 from offaug.pipeline.stages import rollouts as rollout_stages
+from offaug.pipeline.stages.doctor import doctor_stage
 
 
 class _Planner:
@@ -66,7 +76,7 @@ class _Planner:
 
     def source(self) -> str:
         source = self.workflow.source
-        return self.plan.add(StageSpec("source", stages.prepare_source, source, (), (source,)))
+        return self.plan.add(StageSpec("source", stages.prepare_source, source, (source,)))
 
     def train(
         self,
@@ -97,13 +107,11 @@ class _Planner:
             # turns on its train-level augmentation (state noise) without augmented data.
             config["plain"] = False
             function = functools.partial(function, plain=False)
-        inputs = ("source",) if augmented is None else ("source", augmented)
         name = self.plan.add(
             StageSpec(
                 f"train:{label}",
                 function,
                 config,
-                inputs,
                 (
                     algorithm,
                     Ref("source"),
@@ -135,10 +143,13 @@ class _Planner:
         # Imported here: the learners' modules import torch, and the client that plans a run
         # imports this module before anything heavy (offaug run takes its lock first).
         from offaug.algorithms.fused.train import fusable, fusing_pays
-        from offaug.algorithms.runtime import choose_device
 
-        if train.fuse_seeds == "auto":
-            return fusing_pays(algorithm, choose_device(train.device))
+        if train.fuse_seeds == "auto" and train.device is not None:
+            # The workflow names the device: whether fusing pays there is known now, and seeds
+            # that do not fuse train in parallel on the cluster.
+            return fusing_pays(algorithm, train.device)
+        # fuse_seeds true, or auto on the device the worker finds: the fused stage asks there
+        # whether fusing pays, and trains its seeds one after another if not.
         return fusable(algorithm)
 
     def fused(
@@ -175,7 +186,6 @@ class _Planner:
                 f"fused:{algorithm}-{recipe}",
                 function,
                 config,
-                ("source", *augmented),
                 (
                     algorithm,
                     Ref("source"),
@@ -197,7 +207,6 @@ class _Planner:
                     f"train:{labels[seed]}",
                     stages.member_model,
                     {"seed": seed, "index": index},
-                    (fused,),
                     (Ref(fused), index),
                 )
             )
@@ -229,7 +238,6 @@ class _Planner:
                 label,
                 stages.train_bc,
                 {"bc": recipe.bc, "seed": seed},
-                ("source",),
                 (Ref("source"), recipe.bc, str(self.layout.model(path_name(label))), seed),
             )
         )
@@ -276,7 +284,6 @@ class _Planner:
         shards = "augmented" + ("" if not tag and not sfx else path_name(f"{tag}{sfx}"))
         out = str(self.layout.augmented.with_name(shards))
         extra = () if policy is None else (Ref(policy),)
-        needs = ("source", bc) + (() if policy is None else (policy,))
         dynamics = None
         if rollout.backend == "model":
             dynamics = self.plan.add(
@@ -284,7 +291,6 @@ class _Planner:
                     f"dynamics{tag}{sfx}",
                     rollout_stages.train_dynamics_stage,
                     {"dynamics": rollout.dynamics, "seed": seed},
-                    ("source",),
                     (
                         Ref("source"),
                         rollout,
@@ -301,11 +307,9 @@ class _Planner:
                     f"calibrate{tag}{sfx}",
                     rollout_stages.calibrate_noise_stage,
                     {"rollout": rollout, "seed": seed},
-                    needs,
                     (Ref("source"), Ref(bc), rollout, out, seed, *extra),
                 )
             )
-            needs = (*needs, calibrate)
             calibrated = (Ref(calibrate),)
         tasks = []
         for index in range(rollout.tasks):
@@ -317,7 +321,6 @@ class _Planner:
                     name,
                     rollout_stages.rollout_shard,
                     config,
-                    needs,
                     (Ref("source"), Ref(bc), rollout, out, seed, index, *policy_arg, *calibrated),
                 )
             else:
@@ -326,7 +329,6 @@ class _Planner:
                     name,
                     rollout_stages.model_rollout_task,
                     config,
-                    (*needs, dynamics),
                     (Ref("source"), Ref(bc), Ref(dynamics), rollout, shard, index, seed, *extra),
                 )
             tasks.append(self.plan.add(spec))
@@ -335,7 +337,6 @@ class _Planner:
                 f"rollout{tag}{sfx}",
                 rollout_stages.merge_rollouts,
                 {"rollout": rollout, "seed": seed},
-                (*tasks, *(r.name for r in calibrated)),
                 (RefList(tuple(tasks)), out, rollout, *calibrated),
             )
         )
@@ -355,22 +356,20 @@ class _Planner:
                     f"diagnose{tag}:{model.removeprefix('train:')}",
                     stages.diagnose_policy_stage,
                     {"diagnostics": config, "index": index, "seed": seed},
-                    ("source", bc, model),
                     (Ref("source"), Ref(bc), Ref(model), config, seed, index),
                 )
             )
             for index, model in enumerate(models)
         ]
         name = "diagnose" + ("" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]") + sfx
-        out = self.layout.root / "diagnostics.json"
+        out = self.layout.diagnostics
         if name != "diagnose":
-            out = self.layout.root / "diagnostics" / f"{path_name(name)}.json"
+            out = self.layout.diagnostics_of(path_name(name))
         return self.plan.add(
             StageSpec(
                 name,
                 stages.diagnose_stage,
                 {"diagnostics": config, "seed": seed},
-                ("source", *(() if rollout is None else (rollout,)), bc, *models, *parts),
                 (
                     Ref("source"),
                     None if rollout is None else Ref(rollout),
@@ -386,7 +385,9 @@ class _Planner:
 
 
 def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
-    """Every stage of ``workflow`` but the report, in dispatch order (see the module docstring)."""
+    """Every stage of ``workflow``, in dispatch order (see the module docstring): the source,
+    trainings, rollouts and diagnostics, then publishing, the report's media and the doctor,
+    and the report last."""
     planner = _Planner(workflow, layout, threads)
     planner.source()
     arms = workflow.arms()
@@ -437,6 +438,8 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
         if retrained:
             stages_of["policy_models"] = retrained
     _publish(planner, arms, rollouts, seeds)
+    _media(planner)
+    _report(planner)
     return planner.plan
 
 
@@ -457,12 +460,82 @@ def _publish(
             "publish",
             stages.publish_stage,
             workflow.publish,
-            ("source", *(() if rollout is None else (rollout,))),
             (
                 Ref("source"),
                 None if rollout is None else Ref(rollout),
                 workflow.publish,
                 provenance,
+            ),
+        )
+    )
+
+
+def _media(planner: _Planner) -> None:
+    """The report's videos (one stage per trained policy of the primary seed, one for the data)
+    and the dataset doctor, on the primary seed's first augmented set."""
+    workflow, plan = planner.workflow, planner.plan
+    report = workflow.report
+    primary = str(plan.index["primary_seed"])
+    models = dict.fromkeys(r["stage"] for r in plan.index["runs"] if str(r["seed"]) == primary)
+    rollout = next(
+        (
+            by_seed[primary]
+            for by_seed in (r["rollout"] for r in plan.index["recipes"].values())
+            if primary in by_seed
+        ),
+        None,
+    )
+    augmented = None if rollout is None else Ref(rollout)
+    if report.videos:
+        videos = str(planner.layout.videos)
+        config = {"report": report, "seed": workflow.seed}
+        for model in models:
+            plan.add(
+                StageSpec(
+                    f"{VIDEO_STAGE_PREFIX}{model.removeprefix('train:')}",
+                    media_stages.render_policy_stage,
+                    config,
+                    (Ref("source"), Ref(model), report, videos, workflow.seed),
+                )
+            )
+        plan.add(
+            StageSpec(
+                DATA_VIDEO_STAGE,
+                media_stages.render_data_stage,
+                config,
+                (Ref("source"), augmented, report, videos, workflow.seed),
+            )
+        )
+    if report.doctor:
+        gamma = workflow.diagnostics.gamma
+        plan.add(
+            StageSpec(
+                DOCTOR_STAGE,
+                doctor_stage,
+                {"gamma": gamma, "rollout": workflow.rollout},
+                (Ref("source"), augmented, gamma, workflow),
+            )
+        )
+
+
+def _report(planner: _Planner) -> None:
+    """metrics.json and report.html from every other stage's result: a stage like the others (a
+    worker renders the plots while the client only waits), rerun when any result or the
+    workflow changes."""
+    plan, layout = planner.plan, planner.layout
+    names = tuple(plan.names)
+    plan.add(
+        StageSpec(
+            REPORT_STAGE,
+            stages.report_stage,
+            planner.workflow.digest(),
+            (
+                planner.workflow,
+                names,
+                RefList(names),
+                str(layout.metrics),
+                str(layout.report),
+                plan.index,
             ),
         )
     )

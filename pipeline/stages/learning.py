@@ -220,8 +220,14 @@ def train_offline_fused(
     ``augmented[k]`` is seed ``seeds[k]``'s augmented data (``None``: every seed trains on the
     original data). ``outs[k]`` receives what :func:`train_offline` with ``seeds[k]`` writes to
     its ``out``, and the records are those it returns (the numbers agree to float32 rounding).
+    With ``fuse_seeds: auto`` on a device where fusing does not pay (the worker's, which the
+    planning client may not share), the seeds train one after another, each exactly as
+    :func:`train_offline` trains it.
     """
-    from offaug.algorithms.fused.train import train_fused  # imports torch: see the top
+    # Imports torch: see the top.
+    from offaug.algorithms.fused.train import fusing_pays, train_fused
+    from offaug.algorithms.runtime import choose_device
+    from offaug.algorithms.training.loop import train
 
     per_seed = augmented if augmented is not None else [None] * len(seeds)
     inputs = [
@@ -236,8 +242,16 @@ def train_offline_fused(
     config = dict(train_config.configs.get(algorithm, {}))
     finals = [Path(o) for o in outs]
     stagings = [tmp_name(f) for f in finals]
+    fuse = train_config.fuse_seeds is True or fusing_pays(
+        algorithm, choose_device(train_config.device)
+    )
     try:
         for shared, members in groups.items():
+            if not fuse:
+                for k in members:
+                    sources, options = inputs[k]
+                    train(algorithm, sources, stagings[k], config=config, options=options)
+                continue
             options = dataclasses.replace(shared, seeds=tuple(seeds[k] for k in members))
             sources = [inputs[k][0] for k in members]
             train_fused(

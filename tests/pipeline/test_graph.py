@@ -24,6 +24,7 @@ import yaml
 
 from offaug.datasets import ShardSet
 from offaug.pipeline.engine.graph import run_workflow
+from offaug.pipeline.engine.stage_plan import Ref, StageSpec
 from offaug.pipeline.schema.workflow import Workflow
 
 BIN = Path(sys.executable).parent
@@ -343,7 +344,8 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     keys, so ``offaug run`` on that file resumes a run started in-process; a changed value
     changes the key.
     """
-    from offaug.pipeline.rundir.keys import stage_key
+    from offaug.pipeline.engine.plan import plan_workflow
+    from offaug.pipeline.rundir.run_layout import RunLayout
 
     workflow = _workflow(
         tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 32}}}
@@ -355,10 +357,21 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     changed = _workflow(tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 33}}})
 
     def key(w: Workflow) -> str:
-        return stage_key("train:bc-plain", {"train": w.train, "evaluation": w.evaluation}, [])
+        return plan_workflow(w, RunLayout(tmp_path / "run"), 1).keys["train:bc-plain"]
 
     assert key(reloaded) == key(workflow)
     assert key(changed) != key(workflow)
+
+
+def _sleep_stage(name: str, seconds: float, after: str | None = None) -> StageSpec:
+    """A stage that sleeps ``seconds``, once the stage ``after`` (if any) has finished."""
+
+    # Defined here, not at the top level: cloudpickle then ships it by value, and the workers
+    # need not import this test module.
+    def sleep(seconds: float, *_after: Any) -> None:
+        time.sleep(seconds)
+
+    return StageSpec(name, sleep, {"seconds": seconds}, (seconds, *([Ref(after)] if after else [])))
 
 
 def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_path: Path) -> None:
@@ -380,10 +393,13 @@ def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_pa
         lambda stage, event, _: events.append((stage, event)),
         1,
     )
-    graph.stage("long", time.sleep, {"seconds": 1.5}, [], 1.5)
-    graph.stage("short", time.sleep, {"seconds": 0.1}, [], 0.1)
-    graph.stage("first", time.sleep, {"seconds": 2.0}, ["short"], 2.0)
-    graph.stage("second", time.sleep, {"seconds": 0.5}, ["short"], 0.5)
+    for spec in (
+        _sleep_stage("long", 1.5),
+        _sleep_stage("short", 0.1),
+        _sleep_stage("first", 2.0, after="short"),
+        _sleep_stage("second", 0.5, after="short"),
+    ):
+        graph.add(spec, spec.name)
     graph.run()
 
     workers = {n: r["worker"] for n, r in json.loads(layout.stages.read_text())["stages"].items()}
@@ -427,8 +443,8 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
             time.sleep(0.05)
         occupied = next(w for w, keys in other.processing().items() if keys)
         graph = StageScheduler(cluster.client, StageRecords(layout), (), lambda *_: None, 1)
-        graph.stage("a", time.sleep, {"seconds": 0.3}, [], 0.3)
-        graph.stage("b", time.sleep, {"seconds": 0.3}, [], 0.3)
+        for spec in (_sleep_stage("a", 0.3), _sleep_stage("b", 0.3)):
+            graph.add(spec, spec.name)
         started = time.perf_counter()
         graph.run()
         elapsed = time.perf_counter() - started

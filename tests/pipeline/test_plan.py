@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from offaug.pipeline.engine.plan import plan_workflow
-from offaug.pipeline.engine.scheduler import Ref
-from offaug.pipeline.engine.stage_plan import Plan
+from offaug.pipeline.engine.stage_plan import Plan, Ref, RefList, StageSpec
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.validation import WorkflowError
 from offaug.pipeline.schema.workflow import Workflow, load_workflow
@@ -50,6 +49,8 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
         "diagnose:cql-augmented",
         "diagnose:bcq-augmented",
         "diagnose",
+        "doctor",
+        "report",
     ]
     spec = plan.stages["train:cql-augmented"]
     assert spec.inputs == ("source", "rollout")
@@ -100,7 +101,7 @@ def test_seeds_times_a_grid_shares_what_is_equal(tmp_path: Path) -> None:
     assert mixed.inputs == ("source", "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]@s1")
     assert mixed.args[6] == 1  # the seed
     # Seeds differ in what they compute, not only in their names.
-    assert plan.identities["bc"] != plan.identities["bc@s1"]
+    assert plan.keys["bc"] != plan.keys["bc@s1"]
     runs = plan.index["runs"]
     assert len(runs) == len(trains) and {r["seed"] for r in runs} == {0, 1}
     rollouts = plan.index["recipes"]["noise=gaussian:0.1,mixing=[0.7,0.3]"]["rollout"]
@@ -310,3 +311,31 @@ def test_noise_calibration_is_one_stage_before_every_rollout_task(tmp_path: Path
         _workflow(rollout={"noise_calibration": {"scales": [0.1]}})
     with pytest.raises(ValueError, match="must all be positive"):
         _workflow(rollout={"filter": "data", "noise_calibration": {"scales": [0.1, 0]}})
+
+
+def test_media_doctor_and_report_are_planned_after_what_they_read(tmp_path: Path) -> None:
+    """The planner plans every stage, the report's too: videos of the primary seed's policies and
+    of its first augmented set, the doctor on that set, and the report on every other stage."""
+    plan = _plan(_workflow(seeds=[0, 1], report={"videos": True}), tmp_path)
+    assert plan.names[-4:] == ["video:bcq-augmented", "video:data", "doctor", "report"]
+    assert plan.stages["video:cql-plain"].inputs == ("source", "train:cql-plain")
+    assert "video:cql-plain@s1" not in plan.names
+    assert plan.stages["video:data"].inputs == ("source", "rollout")
+    assert plan.stages["doctor"].inputs == ("source", "rollout")
+    assert plan.stages["report"].inputs == tuple(plan.names[:-1])
+    assert str(tmp_path / "run" / "videos") in plan.stages["video:data"].args
+
+
+def test_a_stage_s_inputs_are_the_stages_its_arguments_name() -> None:
+    plan = Plan()
+    plan.add(StageSpec("a", print, {}, ()))
+    plan.add(StageSpec("b", print, {"b": 1}, ()))
+    both = StageSpec("both", print, {}, (Ref("b"), 1, RefList(("a", "b"))))
+    assert both.inputs == ("b", "a")
+    plan.add(both)
+    # Equal function, config and inputs: the same stage, under the first name; other inputs (or
+    # the same in another order) make another stage.
+    assert plan.add(StageSpec("twice", print, {}, (Ref("b"), RefList(("a",))))) == "both"
+    assert plan.add(StageSpec("swapped", print, {}, (RefList(("a", "b")),))) == "swapped"
+    with pytest.raises(KeyError, match="not planned before it"):
+        plan.add(StageSpec("early", print, {}, (Ref("later"),)))
