@@ -2,8 +2,9 @@
 
 :func:`plan_workflow` expands a workflow over its training seeds and recipes
 (:meth:`~offaug.pipeline.schema.workflow.Workflow.arms`) into :class:`StageSpec` records, in the
-order they are dispatched; :mod:`offaug.pipeline.engine.graph` hands them to the scheduler. A test
-reads the plan without running anything.
+order they are dispatched; :mod:`offaug.pipeline.engine.graph` hands them to the scheduler. Every
+stage is planned here, the report's media, the dataset doctor and the report included; a test reads
+the plan without running anything.
 
 **Sharing** of equal stages is :class:`~offaug.pipeline.engine.stage_plan.Plan`'s: one BC per (bc
 config, seed), one rollout (tasks and merge) per (rollout config, BC, rollout policy, seed),
@@ -18,11 +19,12 @@ keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-plain``,
 has the name of the first recipe that asked for it.
 
 **Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
-(:func:`offaug.algorithms.fused.train.fusable`; with ``auto``, one for which fusing pays on the
-training device, :func:`~offaug.algorithms.fused.train.fusing_pays`) trains every seed of a (recipe,
-learner) in one stage, ``fused:LEARNER-RECIPE``
-(:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed by one small stage per seed
-under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
+(:func:`offaug.algorithms.fused.train.fusable`; with ``auto`` and ``train.device`` set, one for
+which fusing pays on that device, :func:`~offaug.algorithms.fused.train.fusing_pays`; with ``auto``
+and no device named, the fused stage asks on its worker and trains the seeds one after another
+where fusing does not pay) trains every seed of a (recipe, learner) in one stage, ``fused:LEARNER-
+RECIPE`` (:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed by one small
+stage per seed under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
 :func:`~offaug.pipeline.stages.learning.member_model`) whose result is that seed's model: every
 later stage, the run index and ``stages.json`` see each seed's model as they see a per-seed
 training's. Forcing a seed's ``train:`` stage reruns the fused stage. Policy weights, state noise

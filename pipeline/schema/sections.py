@@ -347,7 +347,8 @@ class TrainModel(StrictSection):
             " one stage (learners that cannot train fused get one stage per seed); false: one"
             " stage per seed, spread over the cluster; auto: fused where it pays, i.e. every"
             " fusable learner on a GPU and all but CQL and BCQ on a CPU (device: train.device,"
-            " else whether the planning machine has CUDA). The outputs are the same either way."
+            " else the training worker's: its fused stage then trains the seeds one after another"
+            " where fusing does not pay). The outputs are the same either way."
         ),
     )
 
