@@ -18,8 +18,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomic
 from offaug.datasets.errors import DatasetNotFoundError
 from offaug.datasets.generate import make_dataset
@@ -128,9 +126,7 @@ def data_score(data: Transitions) -> dict[str, Any]:
     """The data's own mean episode return and its normalised score (reference scores)."""
     from offaug.algorithms.evaluate import normalised_score, reference_scores  # torch: see top
 
-    bounds = data.episode_bounds()
-    rewards = np.asarray(data.rewards, dtype=np.float64)
-    returns = np.add.reduceat(rewards, bounds[:-1]) if len(rewards) else np.zeros(0)
+    returns = data.episode_returns()
     mean_return = float(returns.mean()) if len(returns) else 0.0
     return {
         "episodes": len(returns),

@@ -207,13 +207,6 @@ def render_data_stage(
     }
 
 
-def _episode_returns(data: Transitions) -> npt.NDArray[np.float64]:
-    bounds = data.episode_bounds()
-    if len(data) == 0:
-        return np.zeros(0)
-    return np.add.reduceat(data.rewards.astype(np.float64), bounds[:-1])
-
-
 def _film_states(
     data: Transitions, config: ReportModel, options: Any, out: Path, seed: int
 ) -> dict[str, Any]:
@@ -227,7 +220,7 @@ def _film_states(
     clips = []
     try:
         env.reset(seed=seed)
-        for episode, label in return_ranks(_episode_returns(data), config.video_episodes):
+        for episode, label in return_ranks(data.episode_returns(), config.video_episodes):
             tic = time.perf_counter()
             start, stop = int(bounds[episode]), int(bounds[episode + 1])
             rows = np.arange(start, stop, options.frame_skip)[: options.max_frames]
@@ -270,7 +263,7 @@ def _film_replays(
         return {"unavailable": "the dataset records no simulator state to replay from"}
     qpos, qvel = (np.asarray(original.extras[f"infos/{key}"]) for key in SIMULATOR_STATE_KEYS)
     bounds = rollouts.episode_bounds()
-    picks = return_ranks(_episode_returns(rollouts), config.video_episodes)
+    picks = return_ranks(rollouts.episode_returns(), config.video_episodes)
     starts = {}
     for episode, _ in picks:
         first = np.asarray(rollouts.observations[bounds[episode]])

@@ -192,10 +192,7 @@ def model_rollout_task(
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
-    bounds = out.episode_bounds()
-    returns = (
-        np.add.reduceat(out.rewards.astype(np.float64), bounds[:-1]) if len(out) else np.zeros(0)
-    )
+    returns = out.episode_returns()
     return RolloutShard(
         ref,
         dict(out.meta["weight_stats"]),
