@@ -40,13 +40,13 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.algorithms.names import Weighting
 from offaug.algorithms.runtime import configure_torch, seed_everything
 from offaug.algorithms.training.compiling import compile_trainer
 from offaug.algorithms.training.state_noise import StateNoise, StateNoiser, observation_std
 from offaug.algorithms.training.weighting import (
     DEFAULT_MAX_WEIGHT,
     PolicyWeights,
-    Weighting,
     WeightUsage,
 )
 from offaug.datasets.atomic import write_bytes_atomic, write_json_atomic

@@ -27,13 +27,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from offaug.algorithms.names import OFFLINE_LEARNERS, OfflineLearner, Weighting
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
-
-Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
-
-Weighting = Literal["none", "behaviour", "policy"]
-"""The choices of ``offaug.algorithms.training.weighting.Weighting`` (named again here: that module
-imports torch, which this schema must not)."""
 
 
 def _noise_spec(value: Any) -> NoiseSpec:
@@ -165,7 +160,7 @@ class RolloutModel(StrictSection):
             " rollouts)."
         ),
     )
-    policy: Algorithm = Field(
+    policy: OfflineLearner = Field(
         "bc",
         description=(
             "What the noise is centred on: 'bc' (the BC stage's clone) or a learner name (its"
@@ -291,7 +286,7 @@ class StateNoiseModel(StrictSection):
 class TrainModel(StrictSection):
     """The offline learners trained on original and original + augmented data."""
 
-    algorithms: tuple[Algorithm, ...] = Field(("cql", "bcq"), description="Learners to train.")
+    algorithms: tuple[OfflineLearner, ...] = Field(("cql", "bcq"), description="Learners to train.")
     steps: int = Field(10_000, gt=0, description="Gradient steps per run.")
     mixing: tuple[float, float] = Field(
         (0.5, 0.5), description="Share of original and augmented rows per batch."
@@ -357,7 +352,7 @@ class TrainModel(StrictSection):
     def _configs_fit_their_learners(
         cls, value: dict[str, dict[str, Any]]
     ) -> dict[str, dict[str, Any]]:
-        learners = typing.get_args(Algorithm)
+        learners = OFFLINE_LEARNERS
         problems: list[tuple[tuple[str | int, ...], str]] = []
         for algorithm, config in value.items():
             if algorithm not in learners:
