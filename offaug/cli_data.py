@@ -185,10 +185,10 @@ def verify(
     A run directory stands for its augmented shard set.
     """
     from offaug.datasets.publish import verify_published
-    from offaug.datasets.shards import ShardSet
+    from offaug.datasets.shards import ShardSet, is_shard_set
     from offaug.pipeline.rundir.files import augmented_directory, is_run_directory
 
-    if (directory / "checksums.json").is_file() and not (directory / "manifest.json").is_file():
+    if (directory / "checksums.json").is_file() and not is_shard_set(directory):
         problems = guard(lambda: verify_published(directory))
         for name, problem in problems:
             err_console.print(f"[bold red]bad file[/] {directory / name}: {problem}")

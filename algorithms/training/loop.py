@@ -51,7 +51,7 @@ from offaug.algorithms.training.weighting import (
 )
 from offaug.datasets.atomic import write_bytes_atomic, write_json_atomic
 from offaug.datasets.sampler import MixtureSampler
-from offaug.datasets.shards import ShardSet
+from offaug.datasets.shards import ShardSet, is_shard_set
 from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import Transitions
 
@@ -117,9 +117,8 @@ def load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Tran
     :func:`load_transitions` takes loaded, transitions and shard sets as they are."""
     if isinstance(source, (Transitions, ShardSet)):
         return source
-    path = Path(os.fspath(source))
-    if (path / "manifest.json").is_file():
-        return ShardSet.open(path)
+    if is_shard_set(source):
+        return ShardSet.open(source)
     return load_transitions(source)
 
 

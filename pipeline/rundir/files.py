@@ -25,7 +25,7 @@ import yaml
 
 from offaug.datasets.atomic import write_json_atomic
 from offaug.datasets.errors import DataError
-from offaug.datasets.shards import ShardSet, file_checksum
+from offaug.datasets.shards import ShardSet, file_checksum, manifest_path
 from offaug.datasets.sources import cache_key, resolve_source
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
 from offaug.pipeline.rollouts.env_state import STATE_KINDS
@@ -61,7 +61,7 @@ def outputs_verify(result: Any) -> bool:
         shard = result.shard
         return Path(shard.path).is_file() and file_checksum(shard.path) == shard.checksum
     if isinstance(result, AugmentedRef):
-        manifest = Path(result.directory) / "manifest.json"
+        manifest = manifest_path(result.directory)
         if not manifest.is_file() or file_checksum(manifest) != result.manifest_checksum:
             return False
         return not ShardSet.open(result.directory).verify()
