@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from offaug.algorithms import registry
-from offaug.algorithms.base import Trainer, config_to_json, reads_sources, spaces_from_transitions
+from offaug.algorithms.base import Spaces, Trainer, config_to_json, reads_sources
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
 from offaug.algorithms.fused.specs import has_fused_spec
@@ -37,9 +37,9 @@ from offaug.algorithms.training.loop import (
     BatchPreparation,
     TrainOptions,
     TrainResult,
+    learner_spaces,
     load_source,
     make_sampler,
-    meta_and_first_part,
     resume_from_checkpoint,
     trainer_device,
     write_checkpoint,
@@ -188,9 +188,8 @@ def train_fused(
     configure_torch(options.threads)
     per_member = member_sources(sources, len(seeds))
     datasets = load_member_sources(per_member)
-    meta, first = meta_and_first_part(datasets[0][0])
-    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
     built = build_members(algorithm, datasets, seeds, configs, options, run_dirs, resume)
+    spaces = built.spaces
     trainers, samplers, generators, preparations, start = (
         built.trainers,
         built.samplers,
@@ -218,6 +217,7 @@ def train_fused(
                 "fused_seeds": seeds,
             },
         )
+    meta = datasets[0][0].meta
     scores = reference_scores(meta, options.env_id)
     envs = [make_env(meta, options.env_id) for _ in seeds] if options.eval_every > 0 else []
     last: list[EvaluationResult | None] = [None] * len(seeds)
@@ -296,6 +296,8 @@ def train_fused(
 class Members:
     """The members of a fused run, each as its single-seed run builds it."""
 
+    spaces: Spaces
+    """Every member's spaces (from the first member's first source, as a single-seed run's)."""
     trainers: list[Trainer]
     samplers: list[MixtureSampler]
     generators: list[torch.Generator]
@@ -320,8 +322,7 @@ def build_members(
     ``datasets``: every member's sources, or one list per member (:func:`member_sources`).
     """
     per_member = member_sources(datasets, len(seeds))
-    meta, first = meta_and_first_part(per_member[0][0])
-    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    spaces = learner_spaces(per_member[0][0])
     if options.weighting == "policy" or options.state_noise is not None:
         # pi/mu weights and state noise are drawn per batch by the single-seed loop only.
         raise ValueError(
@@ -359,7 +360,7 @@ def build_members(
         generators.append(member_generator(seed, trainer_device(trainer)))
     if len(set(starts)) != 1:
         raise ValueError(f"the seeds' checkpoints are at different steps: {starts}")
-    return Members(trainers, samplers, generators, preparations, starts[0])
+    return Members(spaces, trainers, samplers, generators, preparations, starts[0])
 
 
 def _count_weights(preparations: Sequence[BatchPreparation], batch: TorchBatch, raw: Batch) -> None:

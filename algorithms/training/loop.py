@@ -122,12 +122,11 @@ def load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Tran
     return load_transitions(source)
 
 
-def meta_and_first_part(data: Transitions | ShardSet) -> tuple[Mapping[str, Any], Transitions]:
-    """The source's metadata and its first part (a shard set's first shard), whose shapes
-    and actions give the learner's spaces."""
-    if isinstance(data, ShardSet):
-        return data.meta, data.read(data.shards[0])
-    return data.meta, data
+def learner_spaces(data: Transitions | ShardSet) -> Spaces:
+    """The spaces a learner trained on ``data`` (its first source) has: from its metadata and
+    its first part's shapes and actions (a shard set's first shard)."""
+    first = data.read(data.shards[0]) if isinstance(data, ShardSet) else data
+    return spaces_from_transitions(data.meta, int(np.prod(first.observation_shape)), first.actions)
 
 
 def train(
@@ -159,8 +158,7 @@ def train(
     configure_torch(options.threads)
     seed_everything(options.seed)
     datasets = [load_source(s) for s in sources]
-    meta, first = meta_and_first_part(datasets[0])
-    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    spaces = learner_spaces(datasets[0])
     if options.weighting == "policy":
         refusal = registry.policy_weighting_refusal(algorithm, config)
         if refusal is not None:
@@ -198,6 +196,7 @@ def train(
         },
     )
     env = None
+    meta = datasets[0].meta
     scores = reference_scores(meta, options.env_id)
     if options.eval_every > 0:
         env = make_env(meta, options.env_id)
