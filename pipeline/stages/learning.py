@@ -11,14 +11,13 @@ are imported inside the stages that use them, and this module's header holds non
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
-from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomic
+from offaug.datasets.atomic import staged_directory, write_json_atomic
 from offaug.datasets.errors import DatasetNotFoundError
 from offaug.datasets.generate import make_dataset
 from offaug.datasets.publish import publish_dataset
@@ -93,16 +92,9 @@ def _train_into(out: str, run: Any) -> Path:
     and the rerun's task): each execution writes its own directory and the last one to finish
     replaces ``out`` whole, so files of two executions never mix.
     """
-    final = Path(out)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
+    with staged_directory(out, overwrite=True) as staging:
         run(staging)
-        replace_directory(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return final
+    return Path(out)
 
 
 def _model_ref(name: str, checkpoint: Path, metrics: dict[str, Any]) -> ModelRef:
@@ -237,11 +229,12 @@ def train_offline_fused(
         groups.setdefault(dataclasses.replace(options, seed=0), []).append(k)
     config = dict(train_config.configs.get(algorithm, {}))
     finals = [Path(o) for o in outs]
-    stagings = [tmp_name(f) for f in finals]
     fuse = train_config.fuse_seeds is True or fusing_pays(
         algorithm, choose_device(train_config.device)
     )
-    try:
+    with contextlib.ExitStack() as staged:
+        # Each seed's directory moves into place once every seed has trained (or none does).
+        stagings = [staged.enter_context(staged_directory(f, overwrite=True)) for f in finals]
         for shared, members in groups.items():
             if not fuse:
                 for k in members:
@@ -253,13 +246,6 @@ def train_offline_fused(
             train_fused(
                 algorithm, sources, [stagings[k] for k in members], config=config, options=options
             )
-        for staging, final in zip(stagings, finals, strict=True):
-            final.parent.mkdir(parents=True, exist_ok=True)
-            replace_directory(staging, final)
-    except BaseException:
-        for staging in stagings:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
     return [
         _model_ref(_model_name(algorithm, a), f / "checkpoint.pt", _run_metrics(f, options))
         for a, f, (_, options) in zip(per_seed, finals, inputs, strict=True)
