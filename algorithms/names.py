@@ -1,8 +1,9 @@
-"""The names of offaug's learners and of its weightings: the one list of each.
+"""The names offaug's choices are made by: learners, weightings, dataset-making policies and
+levels; the one list of each.
 
 :mod:`offaug.algorithms.registry` says where each learner lives, the workflow schema
-(:mod:`offaug.pipeline.schema.sections`) accepts these names, and ``offaug train`` lists them in
-its help. This module imports nothing heavy (no torch): the schema reads it on the client.
+(:mod:`offaug.pipeline.schema.sections`) accepts these names, and the command line offers them.
+This module imports nothing heavy (no torch): the schema and the CLI read it on the client.
 """
 
 from __future__ import annotations
@@ -25,3 +26,10 @@ Weighting = Literal["none", "behaviour", "policy"]
 beta_hat/mu, or by pi/mu from the learner's current policy
 (:mod:`offaug.algorithms.training.weighting`)."""
 WEIGHTINGS: tuple[Weighting, ...] = typing.get_args(Weighting)
+
+GeneratingPolicy = Literal["random", "sac"]
+"""The policy that collects a made dataset: uniform random, or SAC trained online
+(:mod:`offaug.algorithms.online.making`)."""
+Level = Literal["random", "medium", "expert", "medium-replay"]
+"""The D4RL dataset levels SAC's runs give: the random policy's, a medium policy's, the expert's,
+and the replay buffer up to the medium policy (:mod:`offaug.algorithms.online.levels`)."""

@@ -27,7 +27,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from offaug.algorithms.names import OFFLINE_LEARNERS, OfflineLearner, Weighting
+from offaug.algorithms.names import (
+    OFFLINE_LEARNERS,
+    GeneratingPolicy,
+    Level,
+    OfflineLearner,
+    Weighting,
+)
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
 
 
@@ -59,13 +65,11 @@ class MakeSource(StrictSection):
     """How to make the source dataset when it is missing (offaug make-dataset)."""
 
     env: str = Field(description="Gymnasium env id, e.g. Hopper-v5.")
-    policy: Literal["random", "sac"] = Field(
+    policy: GeneratingPolicy = Field(
         "random",
         description="The generating policy: uniform random, or SAC trained online (D4RL levels).",
     )
-    level: Literal["random", "medium", "expert", "medium-replay"] = Field(
-        "medium", description="With policy sac: which D4RL level to collect."
-    )
+    level: Level = Field("medium", description="With policy sac: which D4RL level to collect.")
     train_steps: int = Field(
         8000, gt=0, description="With policy sac: SAC's environment steps (its final policy)."
     )

@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from offaug.algorithms.online.making import make_source_dataset
 from offaug.datasets.atomic import staged_directory, write_json_atomic
 from offaug.datasets.errors import DatasetNotFoundError
-from offaug.datasets.generate import make_dataset
 from offaug.datasets.publish import publish_dataset
 from offaug.datasets.sampler import batch_shares
 from offaug.datasets.shards import ShardSet, file_checksum
@@ -45,32 +45,25 @@ def prepare_source(config: SourceConfig) -> DatasetRef:
         if config.make is None:
             raise
         make = config.make
+        sac_config = None
         if make.policy == "sac":
             # Imports torch: only a source made by SAC needs it.
-            from offaug.algorithms.online.levels import make_level_dataset, small_sac_config
+            from offaug.algorithms.online.levels import small_sac_config
 
-            make_level_dataset(
-                make.env,
-                config.dataset,
-                make.level,
-                train_steps=make.train_steps,
-                steps=make.steps,
-                seed=make.seed,
-                data_format=make.format,
-                config=small_sac_config(),
-                max_episode_steps=make.max_episode_steps,
-                threads=1,
-            )
-        else:
-            make_dataset(
-                make.env,
-                config.dataset,
-                policy=make.policy,
-                steps=make.steps,
-                data_format=make.format,
-                seed=make.seed,
-                max_episode_steps=make.max_episode_steps,
-            )
+            sac_config = small_sac_config()
+        make_source_dataset(
+            make.env,
+            config.dataset,
+            policy=make.policy,
+            level=make.level,
+            train_steps=make.train_steps,
+            steps=make.steps,
+            data_format=make.format,
+            seed=make.seed,
+            max_episode_steps=make.max_episode_steps,
+            sac_config=sac_config,
+            threads=1,
+        )
         resolved = resolve_source(config.dataset)
     # Datasets without recorded states still load; they just cannot be branched from.
     data, state_kind = load_with_states(config.dataset)
