@@ -57,6 +57,7 @@ from offaug.pipeline.stages import learning as stages
 from offaug.pipeline.stages import media as media_stages
 from offaug.pipeline.stages import rollouts as rollout_stages
 from offaug.pipeline.stages.doctor import doctor_stage
+from offaug.pipeline.stages.publishing import publish_stage
 
 
 class _Planner:
@@ -460,7 +461,7 @@ def _publish(
     planner.plan.add(
         StageSpec(
             "publish",
-            stages.publish_stage,
+            publish_stage,
             workflow.publish,
             (
                 Ref("source"),

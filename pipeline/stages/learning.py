@@ -20,9 +20,8 @@ from typing import Any
 from offaug.algorithms.online.making import make_source_dataset
 from offaug.datasets.atomic import staged_directory, write_json_atomic
 from offaug.datasets.errors import DatasetNotFoundError
-from offaug.datasets.publish import publish_dataset
 from offaug.datasets.sampler import batch_shares
-from offaug.datasets.shards import ShardSet, file_checksum
+from offaug.datasets.shards import file_checksum
 from offaug.datasets.sources import cache_key, load_transitions, resolve_source
 from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RunIndex
@@ -346,32 +345,6 @@ def diagnose_stage(
     from offaug.pipeline.diagnostics import run_diagnostics
 
     return run_diagnostics(data, augmented, bc, models, config, out, seed, parts=parts)
-
-
-def publish_stage(
-    data: DatasetRef, augmented: AugmentedRef | None, config: Any, provenance: dict[str, Any]
-) -> dict[str, Any]:
-    """Publish original and/or augmented data as a Minari dataset."""
-    parts: list[Any] = []
-    if config.include in ("original", "both"):
-        parts.append(load_transitions(data.source))
-    if config.include in ("augmented", "both"):
-        if augmented is None:
-            raise ValueError("publish.include asks for augmented data but the run made none")
-        parts.append(ShardSet.open(augmented.directory))
-    published = publish_dataset(
-        parts,
-        config.dataset_id,
-        root=config.root,
-        data_format=config.format,
-        overwrite=config.overwrite,
-        provenance=provenance,
-    )
-    return {
-        "dataset_id": config.dataset_id,
-        "path": str(getattr(published, "path", "")),
-        "include": config.include,
-    }
 
 
 def report_stage(
