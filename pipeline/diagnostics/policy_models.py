@@ -26,7 +26,7 @@ from offaug.pipeline.rollouts.behaviour import (
     epsilon_greedy_probabilities,
     policy_step,
 )
-from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise, parse_noise
+from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise, NoiseSpec
 from offaug.pipeline.rollouts.policies import BCRolloutPolicy
 
 
@@ -160,14 +160,13 @@ def _rollout_divergence(
     behaviour: BehaviourModel,
     observations: npt.NDArray[np.float32],
     dataset_actions: npt.NDArray[Any],
-    noise_text: str,
+    spec: NoiseSpec,
     rng: np.random.Generator,
 ) -> PolicyDivergence:
     """nll, Monte-Carlo KL and action distance of the noisy rollout policy at dataset states.
 
     The rollout policy is sampled with its OU state at zero, i.e. its first-step distribution.
     """
-    spec = parse_noise(noise_text)
     space = behaviour.actions
     first, second = behaviour.parameters(observations)
     if space.discrete:

@@ -18,6 +18,8 @@ from pydantic import BaseModel
 
 from offaug.datasets.shards import ShardRef
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
+from offaug.pipeline.rollouts.calibration import NoiseCalibration
+from offaug.pipeline.rollouts.noise import Component, NoiseSpec
 
 RESULT_TYPES: dict[str, type[Any]] = {
     "DatasetRef": DatasetRef,
@@ -25,6 +27,9 @@ RESULT_TYPES: dict[str, type[Any]] = {
     "AugmentedRef": AugmentedRef,
     "RolloutShard": RolloutShard,
     "ShardRef": ShardRef,
+    "NoiseCalibration": NoiseCalibration,
+    "NoiseSpec": NoiseSpec,
+    "Component": Component,
 }
 """The result dataclasses a stage record can hold, by the name stored in ``"__type__"``."""
 

@@ -18,9 +18,8 @@ import numpy as np
 from offaug.datasets.shards import file_checksum
 from offaug.datasets.sources import load_transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
-from offaug.pipeline.rollouts.calibration import calibrate_noise
+from offaug.pipeline.rollouts.calibration import NoiseCalibration, calibrate_noise
 from offaug.pipeline.rollouts.data import sparsity, start_probabilities
-from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import (
     RolloutTask,
@@ -34,13 +33,13 @@ from offaug.pipeline.schema.sections import RolloutModel
 
 
 def _rollout_config(
-    data: DatasetRef, config: RolloutModel, seed: int, calibration: dict[str, Any] | None = None
+    data: DatasetRef, config: RolloutModel, seed: int, calibration: NoiseCalibration | None = None
 ) -> RolloutConfig:
     start = config.start if data.has_simulator_state else "reset"
     return RolloutConfig(
         episodes=config.episodes,
         n_envs=config.n_envs,
-        noise=config.noise if calibration is None else parse_noise(calibration["noise"]),
+        noise=config.noise if calibration is None else calibration.noise,
         seed=seed,
         max_weight=config.max_weight,
         start=start,
@@ -60,7 +59,7 @@ def rollout_tasks(
     out: str,
     seed: int,
     policy_model: ModelRef | None = None,
-    calibration: dict[str, Any] | None = None,
+    calibration: NoiseCalibration | None = None,
 ) -> list[RolloutTask]:
     """The rollout stage's tasks (references only), one shard each.
 
@@ -87,7 +86,7 @@ def rollout_shard(
     seed: int,
     task_index: int,
     policy_model: ModelRef | None = None,
-    calibration: dict[str, Any] | None = None,
+    calibration: NoiseCalibration | None = None,
 ) -> RolloutShard:
     """Task ``task_index`` of the rollout stage: roll out its episodes and write its shard."""
     tasks = rollout_tasks(data, bc, config, out, seed, policy_model, calibration)
@@ -103,7 +102,7 @@ def calibrate_noise_stage(
     out: str,
     seed: int,
     policy_model: ModelRef | None = None,
-) -> dict[str, Any]:
+) -> NoiseCalibration:
     """The noise every task of the rollout stage uses (``rollout.noise_calibration``), probed
     once on the first task's policy, env and filter (:func:`calibrate_noise`)."""
     if config.noise_calibration is None:
@@ -211,7 +210,7 @@ def merge_rollouts(
     results: list[RolloutShard],
     out: str,
     config: RolloutModel,
-    calibration: dict[str, Any] | None = None,
+    calibration: NoiseCalibration | None = None,
 ) -> AugmentedRef:
     """Write the augmented shard set's manifest over the finished tasks.
 
@@ -220,13 +219,14 @@ def merge_rollouts(
     without calibration), ``filter`` (its kind, margin and the episodes ``kept`` and
     ``dropped``) and ``episode_return`` (the mean return of the kept episodes, None without any).
     """
-    noise = config.noise.text if calibration is None else str(calibration["noise"])
+    noise = (config.noise if calibration is None else calibration.noise).text
+    calibrated = None if calibration is None else calibration.to_json()
     shard_set = merge_rollout_shards(
         out,
         results,
         {
             "noise": noise,
-            "noise_calibration": calibration,
+            "noise_calibration": calibrated,
             "max_weight": config.max_weight,
             "backend": config.backend,
             "episodes": config.episodes,
@@ -251,7 +251,7 @@ def merge_rollouts(
         metrics={
             "policy": config.policy,
             "noise": noise,
-            "noise_calibration": calibration,
+            "noise_calibration": calibrated,
             "filter": {
                 "kind": config.filter,
                 "margin": config.filter_margin,
