@@ -490,7 +490,7 @@ def _media(planner: _Planner) -> None:
     )
     augmented = None if rollout is None else Ref(rollout)
     if report.videos:
-        videos = str(planner.layout.videos)
+        videos = planner.layout.videos
         config = {"report": report, "seed": workflow.seed}
         for model in models:
             plan.add(
@@ -536,8 +536,7 @@ def _report(planner: _Planner) -> None:
                 planner.workflow,
                 names,
                 RefList(names),
-                str(layout.metrics),
-                str(layout.report),
+                layout,
                 plan.index,
             ),
         )

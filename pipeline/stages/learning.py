@@ -27,6 +27,7 @@ from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RunIndex
 from offaug.pipeline.outcome.summary import summarise
 from offaug.pipeline.rollouts.env_state import load_with_states
+from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.run_sections import DiagnosticsModel, EvaluationModel
 from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig, TrainModel
 from offaug.pipeline.schema.workflow import Workflow
@@ -351,18 +352,18 @@ def report_stage(
     workflow: Workflow,
     names: tuple[str, ...],
     results: list[Any],
-    metrics_path: str,
-    report_path: str,
+    layout: RunLayout,
     index: RunIndex,
 ) -> dict[str, Any]:
     """Write ``metrics.json`` (:func:`offaug.pipeline.outcome.summary.summarise`) and
-    ``report.html`` from every result; ``index`` says which stage holds which run."""
+    ``report.html`` into the run directory from every result; ``index`` says which stage holds
+    which run."""
     metrics = summarise(workflow, dict(zip(names, results, strict=True)), index)
-    write_json_atomic(Path(metrics_path), metrics)
-    paths = [metrics_path]
+    write_json_atomic(layout.metrics, metrics)
+    paths = [str(layout.metrics)]
     try:
         from offaug.pipeline.report import write_report
     except ImportError:  # matplotlib is optional: metrics.json alone then
         return {"kind": "files", "paths": paths}
-    write_report(metrics, Path(report_path))
-    return {"kind": "files", "paths": [*paths, report_path]}
+    write_report(metrics, layout.report)
+    return {"kind": "files", "paths": [*paths, str(layout.report)]}

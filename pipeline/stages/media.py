@@ -98,7 +98,7 @@ def _slug(text: str) -> str:
 
 
 def render_policy_stage(
-    data: DatasetRef, model: ModelRef, config: ReportModel, out_dir: str, seed: int
+    data: DatasetRef, model: ModelRef, config: ReportModel, out_dir: Path, seed: int
 ) -> dict[str, Any]:
     """Film ``model``'s evaluation episodes at evenly spaced return ranks into ``out_dir``.
 
@@ -144,7 +144,7 @@ def render_policy_stage(
             _clip(
                 episode.frames,
                 episode.fps,
-                Path(out_dir) / f"{_slug(model.name)}-{_slug(label)}.gif",
+                out_dir / f"{_slug(model.name)}-{_slug(label)}.gif",
                 label=label,
                 episode_return=episode.episode_return,
                 evaluation_return=float(recorded[index]) if recorded else None,
@@ -166,10 +166,11 @@ def render_data_stage(
     data: DatasetRef,
     augmented: AugmentedRef | None,
     config: ReportModel,
-    out_dir: str,
+    out: Path,
     seed: int,
 ) -> dict[str, Any]:
-    """Film original and augmented episodes at evenly spaced return ranks (see the module).
+    """Film original and augmented episodes at evenly spaced return ranks into ``out`` (see
+    the module).
 
     Returns:
         ``{"kind": "files", "paths", "original", "augmented", "seconds"}`` where each part is
@@ -181,7 +182,6 @@ def render_data_stage(
 
     started = time.perf_counter()
     options = _video_options(config)
-    out = Path(out_dir)
     try:
         make_render_env(data.meta, None, options).close()  # an env that cannot film says so
         if data.has_simulator_state:
