@@ -1,8 +1,9 @@
 """The pipeline's stages: plain functions from small records and config to small records.
 
-No stage imports Dask: :mod:`offaug.pipeline.engine.graph` wires them into a graph, and a test calls
-any of them directly. Every stage writes its outputs atomically, so a stage that is killed and
-run again leaves no partial file and no duplicate.
+No stage imports Dask: :mod:`offaug.pipeline.engine.plan` plans them,
+:mod:`offaug.pipeline.engine.graph` runs the plan, and a test calls any of them directly. Every
+stage writes its outputs atomically, so a stage that is killed and run again leaves no partial file
+and no duplicate.
 
 Every Dask worker imports this module to unpickle its first stage, before the background
 import of torch (:mod:`offaug.pipeline.engine.workers`) is done; so the modules that import torch
