@@ -1,9 +1,10 @@
 """Stage keys and the JSON form of stage results.
 
-A stage's key is a hash of its name, its part of the workflow and the keys of its inputs: equal
-configs give equal keys however their YAML orders mapping keys, and changing one parameter
-changes the key of that stage and of everything downstream. Results (the small frozen records
-of :mod:`offaug.pipeline.rundir.run_layout`) are stored as JSON objects that carry their type's name
+A stage's key (:class:`~offaug.pipeline.engine.stage_plan.Plan` gives each stage one) is a hash of
+its function, its part of the workflow and the keys of its inputs: equal configs give equal keys
+however their YAML orders mapping keys, and changing one parameter changes the key of that stage
+and of everything downstream. Results (the small frozen records of
+:mod:`offaug.pipeline.rundir.run_layout`) are stored as JSON objects that carry their type's name
 under ``"__type__"`` so they decode back to the same dataclass.
 """
 
