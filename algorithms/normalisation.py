@@ -56,8 +56,7 @@ def return_range(sampler: MixtureSampler) -> float:
     returns: list[npt.NDArray[np.float64]] = []
     for pool in sampler.pools:
         for part in pool.parts:
-            starts = part.episode_bounds()[:-1]
-            returns.append(np.add.reduceat(np.asarray(part.rewards, np.float64), starts))
+            returns.append(part.episode_returns())
     every = np.concatenate(returns)
     return float(every.max() - every.min())
 

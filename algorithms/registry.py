@@ -14,6 +14,7 @@ from offaug.algorithms.base import (
     has_policy_density,
     has_state_value,
 )
+from offaug.algorithms.names import LEARNERS, Learner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +27,7 @@ class AlgorithmSpec:
     discrete: bool
 
 
-ALGORITHMS: dict[str, AlgorithmSpec] = {
+_WHERE: dict[Learner, AlgorithmSpec] = {
     "bc": AlgorithmSpec("offaug.algorithms.learners.bc", "BC", "BCConfig", discrete=False),
     "cql": AlgorithmSpec("offaug.algorithms.learners.cql", "CQL", "CQLConfig", discrete=False),
     "discrete_cql": AlgorithmSpec(
@@ -46,6 +47,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     # Online SAC (dataset levels); offline it is plain off-policy SAC without a constraint.
     "sac": AlgorithmSpec("offaug.algorithms.learners.sac", "SAC", "SACConfig", discrete=False),
 }
+ALGORITHMS: dict[str, AlgorithmSpec] = {name: _WHERE[name] for name in LEARNERS}
+"""Where each learner of :data:`~offaug.algorithms.names.LEARNERS` lives, in that order (the
+type checker refuses a spec under another name; a learner without one fails at import)."""
 
 
 def available() -> list[str]:

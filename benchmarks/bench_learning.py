@@ -67,26 +67,21 @@ def _dataset(env_id: str, level: str, train_steps: int, steps: int) -> Any:
     dataset_id = f"bench/{env_id.lower()}-{level}-t{train_steps}-s{steps}-v0"
     if not (resolve_dataset_dir(dataset_id, root) / "data" / "metadata.json").is_file():
         log(f"making {dataset_id}")
-        if level == "random":
-            from offaug.datasets import make_dataset
+        from offaug.algorithms.online.levels import small_sac_config
+        from offaug.algorithms.online.making import make_source_dataset
 
-            make_dataset(env_id, dataset_id, steps=steps, root=root, overwrite=True)
-        else:
-            from offaug.algorithms.online.levels import (
-                LevelConfig,
-                make_level_dataset,
-                small_sac_config,
-            )
-
-            config = LevelConfig(
-                env_id,
-                level,  # type: ignore[arg-type]
-                train_steps=train_steps,
-                steps=steps,
-                sac=small_sac_config(HIDDEN),
-                threads=1,
-            )
-            make_level_dataset(config, dataset_id, root=root, overwrite=True)
+        make_source_dataset(
+            env_id,
+            dataset_id,
+            policy="random" if level == "random" else "sac",
+            level=level,  # type: ignore[arg-type]
+            train_steps=train_steps,
+            steps=steps,
+            root=root,
+            overwrite=True,
+            sac_config=small_sac_config(HIDDEN),
+            threads=1,
+        )
     return load_transitions(resolve_dataset_dir(dataset_id, root), cache=False)
 
 

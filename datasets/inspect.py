@@ -27,7 +27,7 @@ def summarize(transitions: Transitions) -> dict[str, Any]:
     lengths = np.diff(bounds)
     rewards = transitions.rewards.astype(np.float64)
     finite_rewards = np.where(np.isfinite(rewards), rewards, 0.0)
-    returns = np.add.reduceat(finite_rewards, bounds[:-1]) if len(transitions) else np.zeros(0)
+    returns = transitions.episode_returns(finite=True)
 
     def stats(values: np.ndarray) -> dict[str, float]:
         if values.size == 0:

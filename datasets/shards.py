@@ -54,6 +54,17 @@ POOLED_MEAN_WEIGHT = "pooled_mean_weight"
 """Manifest ``params`` key: the mean importance weight over every shard of the set."""
 
 
+def manifest_path(directory: str | os.PathLike[str]) -> Path:
+    """Where the manifest of a shard set in ``directory`` is."""
+    return Path(directory) / MANIFEST_NAME
+
+
+def is_shard_set(directory: str | os.PathLike[str]) -> bool:
+    """Whether ``directory`` holds an offaug shard set (a finished one: its manifest is written
+    last)."""
+    return manifest_path(directory).is_file()
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardRef:
     """A small, JSON-serialisable reference to one shard file: what stages pass around."""
@@ -271,7 +282,7 @@ class ShardSet:
     @property
     def manifest_path(self) -> Path:
         """Where the manifest lives."""
-        return Path(self.directory) / MANIFEST_NAME
+        return manifest_path(self.directory)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's content."""
@@ -297,14 +308,14 @@ class ShardSet:
         write_json_atomic(self.manifest_path, self.to_json())
 
     @classmethod
-    def open(cls, directory: str | Path) -> ShardSet:
+    def open(cls, directory: str | os.PathLike[str]) -> ShardSet:
         """Read a shard set's manifest (shards are read by :meth:`load` or :meth:`iter_shards`).
 
         Raises:
             DataError: No manifest, an unreadable one, or another schema version.
         """
         root = Path(directory).absolute()
-        manifest = root / MANIFEST_NAME
+        manifest = manifest_path(root)
         if not manifest.is_file():
             raise DataError(
                 "no manifest.json: not an offaug shard set (or its write never finished)",

@@ -34,7 +34,7 @@ from offaug.datasets.errors import DataError, DatasetNotFoundError
 from offaug.datasets.layout import METADATA_NAME, data_dir_of, read_metadata
 from offaug.datasets.minari_reader import read_minari_dir
 from offaug.datasets.paths import cache_root, dataset_root, resolve_dataset_dir
-from offaug.datasets.shards import MANIFEST_NAME, ShardSet, write_shard_set
+from offaug.datasets.shards import ShardSet, is_shard_set, write_shard_set
 from offaug.datasets.storage import file_identity, storage_backend
 from offaug.datasets.transitions import Transitions
 
@@ -74,7 +74,7 @@ def resolve_source(source: str | os.PathLike[str], *, download: bool = False) ->
                     path=path,
                 )
             return ResolvedSource("d4rl", path.absolute(), text)
-        if (path / MANIFEST_NAME).is_file():
+        if is_shard_set(path):
             return ResolvedSource("shards", path.absolute(), text)
         return ResolvedSource("minari", data_dir_of(path.absolute()), text)
     if text.endswith(_D4RL_SUFFIXES) or (os.sep in text and text.startswith((".", "/", "~"))):
@@ -226,7 +226,7 @@ def _load(
         read_options = {**options, "workers": workers, "max_episode_steps": max_episode_steps}
         return _read(resolved, read_options), False
     entry = cache_root() / "transitions" / cache_key(resolved, options)
-    if (entry / MANIFEST_NAME).is_file():
+    if is_shard_set(entry):
         try:
             cached = ShardSet.open(entry)
             # Finiteness was checked when the entry was written (and the checksum holds).

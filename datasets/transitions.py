@@ -214,6 +214,21 @@ class Transitions:
         starts = np.flatnonzero(np.diff(self.episode_ids)) + 1
         return np.concatenate(([0], starts, [len(self)])).astype(np.int64)
 
+    def episode_sums(self, values: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """The sum of a per-row ``(N,)`` series over each episode: ``(E,)`` float64."""
+        if len(self) == 0:
+            return np.zeros(0)
+        rows = np.asarray(values, dtype=np.float64)
+        return np.asarray(np.add.reduceat(rows, self.episode_bounds()[:-1]), dtype=np.float64)
+
+    def episode_returns(self, *, finite: bool = False) -> npt.NDArray[np.float64]:
+        """Undiscounted return of every episode, ``(E,)`` float64; ``finite`` counts NaN and
+        infinite rewards as 0 (to summarise a broken dataset rather than refuse it)."""
+        rewards = np.asarray(self.rewards, dtype=np.float64)
+        if finite:
+            rewards = np.where(np.isfinite(rewards), rewards, 0.0)
+        return self.episode_sums(rewards)
+
     def iter_episodes(self) -> Iterator[Transitions]:
         """Yield each episode as its own ``Transitions`` (views, no copies)."""
         bounds = self.episode_bounds()

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from offaug import cli_data, cli_pipeline, cli_tools
+from offaug.algorithms.names import LEARNERS, Weighting
 from offaug.cli_common import console, err_console, fail, guard, read_mapping
 
 app = typer.Typer(
@@ -45,22 +46,11 @@ app.command("verify")(cli_data.verify)
 _NOT_EVALUATED = "not evaluated (--eval-every 0 or --eval-episodes 0): no return or score"
 
 
-class WeightingKind(str, Enum):
-    """``offaug train --weighting``: how augmented rows are weighted in the losses."""
-
-    none = "none"
-    behaviour = "behaviour"
-    policy = "policy"
-
-
 @app.command("train")
 def train_command(
     algorithm: Annotated[
         str,
-        typer.Argument(
-            help="bc, cql, bcq, iql, td3bc, rebrac, discrete_cql, discrete_bcq, or sac "
-            "(offline SAC, as a reference)."
-        ),
+        typer.Argument(help=f"One of {', '.join(LEARNERS)} (sac: offline SAC, as a reference)."),
     ],
     sources: Annotated[
         list[str], typer.Argument(help="Datasets: Minari ids/dirs, D4RL files, shard sets.")
@@ -81,7 +71,7 @@ def train_command(
         str | None, typer.Option(help="Share of each source per batch, e.g. 0.5,0.5.")
     ] = None,
     weighting: Annotated[
-        WeightingKind | None,
+        Weighting | None,
         typer.Option(
             help="Weight augmented rows: none, behaviour (their importance_weight beta_hat/mu) or"
             " policy (pi/mu from the learner's current policy); normalised within each source.",
@@ -128,10 +118,10 @@ def train_command(
     if algorithm not in ALGORITHMS:
         fail(f"unknown algorithm {algorithm!r}; choose from {', '.join(sorted(ALGORITHMS))}")
     overrides = read_mapping(config, "config fields") if config is not None else {}
-    if weights and weighting not in (None, WeightingKind.behaviour):
-        fail(f"--weights means --weighting behaviour; it contradicts --weighting {weighting.value}")
-    chosen = weighting or (WeightingKind.behaviour if weights else WeightingKind.none)
-    if chosen is WeightingKind.policy:
+    if weights and weighting not in (None, "behaviour"):
+        fail(f"--weights means --weighting behaviour; it contradicts --weighting {weighting}")
+    chosen: Weighting = weighting or ("behaviour" if weights else "none")
+    if chosen == "policy":
         refusal = policy_weighting_refusal(algorithm, overrides)
         if refusal is not None:
             fail(f"--weighting policy: {refusal}")
@@ -152,7 +142,7 @@ def train_command(
         seed=seed,
         seeds=seed_values,
         mixing=mixing_values,
-        weighting=chosen.value,
+        weighting=chosen,
         state_noise=noise,
         log_every=log_every,
         eval_every=eval_every,

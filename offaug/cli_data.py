@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from offaug.algorithms.names import GeneratingPolicy, Level
 from offaug.cli_common import StorageFormat, console, err_console, fail, guard, read_mapping
 
 
@@ -25,11 +26,9 @@ def make_dataset(
         str, typer.Option("--dataset-id", help="Minari id to write: [namespace/]name-vK.")
     ],
     policy: Annotated[
-        str, typer.Option(help="'random', or 'sac' (trained online; see --level).")
+        GeneratingPolicy, typer.Option(help="'random', or 'sac' (trained online; see --level).")
     ] = "random",
-    level: Annotated[
-        str, typer.Option(help="With --policy sac: random, medium, expert or medium-replay.")
-    ] = "medium",
+    level: Annotated[Level, typer.Option(help="With --policy sac: the D4RL level.")] = "medium",
     train_steps: Annotated[
         int, typer.Option(help="With --policy sac: SAC environment steps (the expert).")
     ] = 100_000,
@@ -48,43 +47,26 @@ def make_dataset(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing dataset.")] = False,
 ) -> None:
     """Generate a real Minari dataset by running a policy in a Gymnasium environment."""
-    from offaug.algorithms.online.levels import LevelConfig, make_level_dataset
-    from offaug.datasets.generate import make_dataset
+    from offaug.algorithms.online.making import make_source_dataset
+    from offaug.datasets.generate import GeneratedDataset
 
-    if policy == "sac":
-        if episodes is not None:
-            fail("--policy sac collects --steps, not --episodes")
-        with console.status(f"training SAC on {env_id} for the {level} level"):
-            made = guard(
-                lambda: make_level_dataset(
-                    LevelConfig(
-                        env_id,
-                        level,  # type: ignore[arg-type]  # LevelConfig refuses other levels
-                        train_steps=train_steps,
-                        steps=steps,
-                        seed=seed,
-                        max_episode_steps=max_episode_steps,
-                    ),
-                    dataset_id,
-                    data_format=data_format.value,
-                    root=root,
-                    overwrite=overwrite,
-                )
-            )
-        console.print(
-            f"wrote [bold]{made.dataset.dataset_id}[/] ({level}): {made.dataset.episodes} "
-            f"episodes, {made.dataset.steps} steps at {made.dataset.path}; policy return "
-            f"{made.policy_return}, random {made.random_return:.1f}, expert {made.expert_return}"
-        )
-        return
-    if (steps is None) == (episodes is None):
+    if policy == "sac" and episodes is not None:
+        fail("--policy sac collects --steps, not --episodes")
+    if policy == "random" and (steps is None) == (episodes is None):
         fail("give exactly one of --steps and --episodes")
-    with console.status(f"collecting {env_id} with the {policy} policy"):
-        result = guard(
-            lambda: make_dataset(
+    doing = (
+        f"training SAC on {env_id} for the {level} level"
+        if policy == "sac"
+        else (f"collecting {env_id} with the {policy} policy")
+    )
+    with console.status(doing):
+        made = guard(
+            lambda: make_source_dataset(
                 env_id,
                 dataset_id,
                 policy=policy,
+                level=level,
+                train_steps=train_steps,
                 steps=steps,
                 episodes=episodes,
                 data_format=data_format.value,
@@ -94,9 +76,16 @@ def make_dataset(
                 overwrite=overwrite,
             )
         )
+    if isinstance(made, GeneratedDataset):
+        console.print(
+            f"wrote [bold]{made.dataset_id}[/]: {made.episodes} episodes, {made.steps} steps, "
+            f"{made.data_format} storage, at {made.path}"
+        )
+        return
     console.print(
-        f"wrote [bold]{result.dataset_id}[/]: {result.episodes} episodes, {result.steps} steps, "
-        f"{result.data_format} storage, at {result.path}"
+        f"wrote [bold]{made.dataset.dataset_id}[/] ({level}): {made.dataset.episodes} "
+        f"episodes, {made.dataset.steps} steps at {made.dataset.path}; policy return "
+        f"{made.policy_return}, random {made.random_return:.1f}, expert {made.expert_return}"
     )
 
 
@@ -187,10 +176,10 @@ def verify(
     A run directory stands for its augmented shard set.
     """
     from offaug.datasets.publish import verify_published
-    from offaug.datasets.shards import ShardSet
+    from offaug.datasets.shards import ShardSet, is_shard_set
     from offaug.pipeline.rundir.files import augmented_directory, is_run_directory
 
-    if (directory / "checksums.json").is_file() and not (directory / "manifest.json").is_file():
+    if (directory / "checksums.json").is_file() and not is_shard_set(directory):
         problems = guard(lambda: verify_published(directory))
         for name, problem in problems:
             err_console.print(f"[bold red]bad file[/] {directory / name}: {problem}")

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from offaug.cli_common import console, err_console, fail, guard
+from offaug.pipeline.contracts import PLAIN, is_plain
 from offaug.pipeline.rundir.lock import RunDirectoryLocked, RunLock
 
 RUN_DIRECTORY_IN_USE = 3
@@ -176,10 +177,8 @@ def print_summary(run_dir: Path) -> None:
 
 def _scores_table(training: dict[str, Any]) -> Table:
     """Learner by recipe (plain first), each cell every seed's score."""
-    from offaug.pipeline.contracts import is_plain  # the data stack: see the module docstring
-
     cells: dict[str, dict[str, list[str]]] = {}
-    recipes: list[str] = ["original"]
+    recipes: list[str] = [PLAIN]
     for name, entry in training.items():
         learner = entry.get("learner") or name.rsplit("-", 1)[0]
         recipe = entry.get("recipe") or name.rsplit("-", 1)[-1]
@@ -195,7 +194,10 @@ def _scores_table(training: dict[str, Any]) -> Table:
     table = Table(title="scores (normalised; return in brackets; one per seed)")
     table.add_column("learner")
     for recipe in recipes:
-        table.add_column(recipe if is_plain(recipe) else f"original + {recipe}")
+        if recipe == PLAIN:
+            table.add_column("original")
+        else:
+            table.add_column(recipe if is_plain(recipe) else f"original + {recipe}")
     for learner, row in cells.items():
         table.add_row(learner, *[", ".join(row.get(recipe, ["-"])) for recipe in recipes])
     return table

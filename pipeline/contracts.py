@@ -15,8 +15,8 @@ from typing import Any, NotRequired, TypedDict
 
 from offaug.datasets.shards import ShardRef
 
-PLAIN = "original"
-"""The recipe name of training on the original data alone."""
+PLAIN = "plain"
+"""The recipe name of the arm trained on the original data alone (the baseline)."""
 BASELINE = "baseline"
 """Recipe names of plain runs at another gradient-step budget: ``baseline[STEPS]``
 (:func:`baseline_recipe`), e.g. the plain arm an augmented arm is judged against at equal total
@@ -26,6 +26,8 @@ VIDEO_STAGE_PREFIX = "video:"
 DATA_VIDEO_STAGE = "video:data"
 DOCTOR_STAGE = "doctor"
 """The dataset doctor's stage."""
+REPORT_STAGE = "report"
+"""The stage that writes metrics.json and report.html from every other stage's result."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,7 +85,7 @@ def test_review_writes_a_page_and_applies_choices(
 ) -> None:
     dataset_id, runs = two_checkpoints
     data = load_transitions(dataset_id)
-    models = {"bc": runs[0] / "checkpoint.pt", "train:bc-original": runs[1] / "checkpoint.pt"}
+    models = {"bc": runs[0] / "checkpoint.pt", "train:bc-plain": runs[1] / "checkpoint.pt"}
     run = make_run(data, models, tmp_path / "run")
     reviewed = runner.invoke(app, ["review", str(run), "--starts", "2", "--top", "2"])
     assert reviewed.exit_code == 0, reviewed.output

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from offaug.algorithms import registry
-from offaug.algorithms.base import Trainer, config_to_json, reads_sources, spaces_from_transitions
+from offaug.algorithms.base import Spaces, Trainer, config_to_json, reads_sources
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
 from offaug.algorithms.fused.specs import has_fused_spec
@@ -37,9 +37,9 @@ from offaug.algorithms.training.loop import (
     BatchPreparation,
     TrainOptions,
     TrainResult,
+    learner_spaces,
     load_source,
     make_sampler,
-    meta_and_first_part,
     resume_from_checkpoint,
     trainer_device,
     write_checkpoint,
@@ -69,7 +69,7 @@ def fusable(algorithm: str) -> bool:
     return has_fused_spec(_trainer_type(algorithm))
 
 
-def fusing_pays(algorithm: str, device: torch.device) -> bool:
+def fusing_pays(algorithm: str, device: torch.device | str) -> bool:
     """Whether ``algorithm``'s seeds are best trained fused on ``device`` (``fuse_seeds: auto``).
 
     On a GPU every fusable learner: one small seed leaves most of the device idle. On a CPU only
@@ -81,7 +81,8 @@ def fusing_pays(algorithm: str, device: torch.device) -> bool:
     """
     if not fusable(algorithm):
         return False
-    return device.type != "cpu" or bool(getattr(_trainer_type(algorithm), "fuses_on_cpu", True))
+    on_cpu = torch.device(device).type == "cpu"
+    return not on_cpu or bool(getattr(_trainer_type(algorithm), "fuses_on_cpu", True))
 
 
 def _trainer_type(algorithm: str) -> type[Any]:
@@ -187,9 +188,8 @@ def train_fused(
     configure_torch(options.threads)
     per_member = member_sources(sources, len(seeds))
     datasets = load_member_sources(per_member)
-    meta, first = meta_and_first_part(datasets[0][0])
-    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
     built = build_members(algorithm, datasets, seeds, configs, options, run_dirs, resume)
+    spaces = built.spaces
     trainers, samplers, generators, preparations, start = (
         built.trainers,
         built.samplers,
@@ -217,6 +217,7 @@ def train_fused(
                 "fused_seeds": seeds,
             },
         )
+    meta = datasets[0][0].meta
     scores = reference_scores(meta, options.env_id)
     envs = [make_env(meta, options.env_id) for _ in seeds] if options.evaluates else []
     last: list[EvaluationResult | None] = [None] * len(seeds)
@@ -295,6 +296,8 @@ def train_fused(
 class Members:
     """The members of a fused run, each as its single-seed run builds it."""
 
+    spaces: Spaces
+    """Every member's spaces (from the first member's first source, as a single-seed run's)."""
     trainers: list[Trainer]
     samplers: list[MixtureSampler]
     generators: list[torch.Generator]
@@ -319,8 +322,7 @@ def build_members(
     ``datasets``: every member's sources, or one list per member (:func:`member_sources`).
     """
     per_member = member_sources(datasets, len(seeds))
-    meta, first = meta_and_first_part(per_member[0][0])
-    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    spaces = learner_spaces(per_member[0][0])
     if options.weighting == "policy" or options.state_noise is not None:
         # pi/mu weights and state noise are drawn per batch by the single-seed loop only.
         raise ValueError(
@@ -358,7 +360,7 @@ def build_members(
         generators.append(member_generator(seed, trainer_device(trainer)))
     if len(set(starts)) != 1:
         raise ValueError(f"the seeds' checkpoints are at different steps: {starts}")
-    return Members(trainers, samplers, generators, preparations, starts[0])
+    return Members(spaces, trainers, samplers, generators, preparations, starts[0])
 
 
 def _count_weights(preparations: Sequence[BatchPreparation], batch: TorchBatch, raw: Batch) -> None:

@@ -28,7 +28,7 @@ import typing
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -37,6 +37,7 @@ import numpy.typing as npt
 from offaug.algorithms.base import config_to_json, load_checkpoint, save_checkpoint
 from offaug.algorithms.evaluate import evaluate, make_env
 from offaug.algorithms.learners.sac import SAC, SACConfig
+from offaug.algorithms.names import Level
 from offaug.algorithms.online.loop import OnlineEvaluation, train_online
 from offaug.algorithms.runtime import seed_everything
 from offaug.datasets.atomic import replace_directory
@@ -52,7 +53,6 @@ from offaug.datasets.generate import (
 )
 from offaug.datasets.paths import dataset_root, resolve_dataset_dir
 
-Level = Literal["random", "medium", "expert", "medium-replay"]
 LEVELS: tuple[Level, ...] = typing.get_args(Level)
 POLICY_FILE = "policy.pt"
 LEVEL_FILE = "level.json"

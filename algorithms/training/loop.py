@@ -40,18 +40,18 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.algorithms.names import Weighting
 from offaug.algorithms.runtime import configure_torch, seed_everything
 from offaug.algorithms.training.compiling import compile_trainer
 from offaug.algorithms.training.state_noise import StateNoise, StateNoiser, observation_std
 from offaug.algorithms.training.weighting import (
     DEFAULT_MAX_WEIGHT,
     PolicyWeights,
-    Weighting,
     WeightUsage,
 )
 from offaug.datasets.atomic import write_bytes_atomic, write_json_atomic
 from offaug.datasets.sampler import MixtureSampler
-from offaug.datasets.shards import ShardSet
+from offaug.datasets.shards import ShardSet, is_shard_set
 from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import Transitions
 
@@ -128,18 +128,16 @@ def load_source(source: str | os.PathLike[str] | Transitions | ShardSet) -> Tran
     :func:`load_transitions` takes loaded, transitions and shard sets as they are."""
     if isinstance(source, (Transitions, ShardSet)):
         return source
-    path = Path(os.fspath(source))
-    if (path / "manifest.json").is_file():
-        return ShardSet.open(path)
+    if is_shard_set(source):
+        return ShardSet.open(source)
     return load_transitions(source)
 
 
-def meta_and_first_part(data: Transitions | ShardSet) -> tuple[Mapping[str, Any], Transitions]:
-    """The source's metadata and its first part (a shard set's first shard), whose shapes
-    and actions give the learner's spaces."""
-    if isinstance(data, ShardSet):
-        return data.meta, data.read(data.shards[0])
-    return data.meta, data
+def learner_spaces(data: Transitions | ShardSet) -> Spaces:
+    """The spaces a learner trained on ``data`` (its first source) has: from its metadata and
+    its first part's shapes and actions (a shard set's first shard)."""
+    first = data.read(data.shards[0]) if isinstance(data, ShardSet) else data
+    return spaces_from_transitions(data.meta, int(np.prod(first.observation_shape)), first.actions)
 
 
 def train(
@@ -171,8 +169,7 @@ def train(
     configure_torch(options.threads)
     seed_everything(options.seed)
     datasets = [load_source(s) for s in sources]
-    meta, first = meta_and_first_part(datasets[0])
-    spaces = spaces_from_transitions(meta, int(np.prod(first.observation_shape)), first.actions)
+    spaces = learner_spaces(datasets[0])
     if options.weighting == "policy":
         refusal = registry.policy_weighting_refusal(algorithm, config)
         if refusal is not None:
@@ -212,6 +209,7 @@ def train(
         },
     )
     env = None
+    meta = datasets[0].meta
     scores = reference_scores(meta, options.env_id)
     if options.evaluates:
         env = make_env(meta, options.env_id)

@@ -1,7 +1,7 @@
 """Importance weights as training uses them: the weighting choice, pi/mu from the learner's
 current policy, the per-source normalisation and the ESS/N of the weights actually used.
 
-``TrainOptions.weighting`` (:data:`Weighting`):
+``TrainOptions.weighting`` (:data:`offaug.algorithms.names.Weighting`):
 
 * ``none``: every row weighs 1.
 * ``behaviour``: the stored ``importance_weight`` beta_hat/mu of augmented rows (clipped when
@@ -25,16 +25,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 
 from offaug.algorithms.base import PolicyDensity
 from offaug.algorithms.batch import TorchBatch
 from offaug.datasets.weights import effective_sample_size_from_sums
-
-Weighting = Literal["none", "behaviour", "policy"]
-"""How augmented rows are weighted in the losses (see the module docstring)."""
 
 DEFAULT_MAX_WEIGHT = 100.0
 """Where pi/mu is clipped for a source that records no ``max_weight`` (the rollouts' default)."""

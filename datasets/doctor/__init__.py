@@ -43,7 +43,7 @@ from offaug.datasets.doctor.checks import (
     observation_scale,
     reward_scale,
 )
-from offaug.datasets.doctor.env_facts import ActionBox, EnvFacts, env_facts
+from offaug.datasets.doctor.env_facts import EnvFacts, env_facts
 from offaug.datasets.doctor.episodes import (
     duplicated_episodes,
     episode_flags,
@@ -104,7 +104,6 @@ __all__ = [
     "CHECKS",
     "HORIZON_FRACTION",
     "SEVERITIES",
-    "ActionBox",
     "DoctorReport",
     "EnvFacts",
     "Finding",

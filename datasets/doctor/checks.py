@@ -91,7 +91,7 @@ def reward_scale(prep: Prepared) -> list[Finding]:
     data = prep.data
     rewards = data.rewards.astype(np.float64)
     rewards = np.where(np.isfinite(rewards), rewards, 0.0)
-    returns = np.add.reduceat(rewards, prep.bounds[:-1])
+    returns = data.episode_returns(finite=True)
     mean, std = float(rewards.mean()), float(rewards.std())
     rms = math.hypot(mean, std)
     low, high = REWARD_RMS_RANGE

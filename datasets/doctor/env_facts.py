@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from offaug.datasets.action_box import ActionBox
 
 # Env families (the id without its version) whose episodes can end in a termination: a body
 # that falls, a pole that drops, a goal reached. MuJoCo's locomotion bodies terminate unless
@@ -40,17 +41,6 @@ TERMINATING_FAMILIES: frozenset[str] = frozenset(
 NEVER_TERMINATING_FAMILIES: frozenset[str] = frozenset(
     {"HalfCheetah", "Swimmer", "Reacher", "Pusher", "HumanoidStandup", "Pendulum"}
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class ActionBox:
-    """The bounds of an action space, flattened to one entry per dimension (inclusive).
-
-    A Discrete space of ``n`` actions from ``start`` is the box ``[start, start + n - 1]``.
-    """
-
-    low: npt.NDArray[np.float64]  # (act_dim,)
-    high: npt.NDArray[np.float64]  # (act_dim,)
 
 
 @dataclasses.dataclass(frozen=True)

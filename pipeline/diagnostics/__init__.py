@@ -64,7 +64,6 @@ from offaug.pipeline.diagnostics.ranking import (
 from offaug.pipeline.diagnostics.returns import (
     complete_returns,
     discounted_returns,
-    episode_returns,
     steps_to_end,
 )
 from offaug.pipeline.diagnostics.run import diagnose_policy, diagnose_run, run_diagnostics
@@ -98,7 +97,6 @@ __all__ = [
     "effective_sample_size_from_logs",
     "episode_log_weights",
     "episode_records",
-    "episode_returns",
     "evaluate_checkpoint",
     "fitted_q_evaluation",
     "importance_weight_diagnostics",

@@ -8,14 +8,13 @@ import numpy as np
 
 from offaug.pipeline.diagnostics.document import DataSection, DataSummary
 from offaug.pipeline.diagnostics.histograms import paired_histogram, quantiles
-from offaug.pipeline.diagnostics.returns import episode_returns
 
 
 def data_summary(transitions: Any) -> DataSummary:
     """Episodes, steps, reward mean/std, episode lengths and returns, terminal/timeout counts."""
     rewards = np.asarray(transitions.rewards, dtype=np.float64)
     lengths = np.diff(transitions.episode_bounds())
-    returns = episode_returns(transitions)
+    returns = transitions.episode_returns()
     return {
         "episodes": int(transitions.num_episodes),
         "steps": len(transitions),
@@ -44,8 +43,8 @@ def data_section(original: Any, augmented: Any | None, gamma: float, bins: int) 
         "original": data_summary(original),
         "augmented": None if augmented is None else data_summary(augmented),
         "return_histogram": paired_histogram(
-            episode_returns(original),
-            None if augmented is None else episode_returns(augmented),
+            original.episode_returns(),
+            None if augmented is None else augmented.episode_returns(),
             bins,
         ),
     }

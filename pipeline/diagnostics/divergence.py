@@ -23,6 +23,7 @@ from offaug.pipeline.diagnostics.importance import raw_log_ratio
 from offaug.pipeline.diagnostics.policy_document import DivergenceSection, PolicyDivergence
 from offaug.pipeline.diagnostics.policy_models import BehaviourModel, _rollout_divergence
 from offaug.pipeline.diagnostics.sampling import PolicySample, batched_act
+from offaug.pipeline.rollouts.noise import NoiseSpec
 
 
 def policy_divergence(
@@ -49,7 +50,7 @@ def divergence_section(
     parts: Sequence[Mapping[str, Any]],
     sample: PolicySample,
     augmented_data: Any | None,
-    noise_text: str | None,
+    noise: NoiseSpec | None,
     rng: np.random.Generator,
 ) -> DivergenceSection:
     """beta_hat itself, the rollout policy (given its noise) and every trained policy's part."""
@@ -66,8 +67,8 @@ def divergence_section(
     bc_entry["kind"] = f"{kind} (beta_hat)"
     bc_entry["kl_monte_carlo"] = 0.0
     section["policies"]["bc"] = bc_entry
-    if noise_text is not None:
-        rollout_entry = _rollout_divergence(behaviour, states, dataset_actions, noise_text, rng)
+    if noise is not None:
+        rollout_entry = _rollout_divergence(behaviour, states, dataset_actions, noise, rng)
         log_ratio = None if augmented_data is None else raw_log_ratio(augmented_data)
         rollout_entry["kl_on_rollout_states"] = (
             None if log_ratio is None or log_ratio.size == 0 else -float(log_ratio.mean())

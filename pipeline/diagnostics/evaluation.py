@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from gymnasium.error import Error as GymnasiumError
 
-from offaug.algorithms.evaluate import make_env, reference_scores
+from offaug.algorithms.evaluate import make_env, normalised_score, reference_scores
 from offaug.algorithms.training.loop import load_trainer
 from offaug.pipeline.diagnostics.policy_document import (
     CheckpointEvaluation,
@@ -137,8 +137,8 @@ def evaluation_entry(
 ) -> EvaluationEntry:
     """A policy's ``evaluation`` entry: its episode records and D4RL-normalised score."""
     record = episode_records(episodes, gamma)
-    scores = reference_scores(meta, None)
+    mean_return = record["mean_return"]
     normalised = None
-    if scores is not None and scores[1] != scores[0] and record["mean_return"] is not None:
-        normalised = 100.0 * (record["mean_return"] - scores[0]) / (scores[1] - scores[0])
+    if mean_return is not None:
+        normalised = normalised_score(mean_return, reference_scores(meta, None))
     return {**record, "normalised_score": normalised}

@@ -81,7 +81,7 @@ def episode_log_weights(transitions: Any) -> FloatArray | None:
     ratio = np.asarray(transitions.behaviour_log_prob, np.float64) - np.asarray(
         transitions.rollout_log_prob, np.float64
     )
-    return np.asarray(np.add.reduceat(ratio, bounds[:-1]), dtype=np.float64)
+    return transitions.episode_sums(ratio)
 
 
 def raw_log_ratio(transitions: Any) -> FloatArray | None:

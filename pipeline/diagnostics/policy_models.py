@@ -1,7 +1,7 @@
 """The behaviour model beta_hat and the noisy rollout policy mu, as the diagnostics see them.
 
 :class:`ActionSpace` maps environment actions to and from the normalised box [-1, 1]^d in which
-every density here is measured (with :class:`offaug.pipeline.rollouts.behaviour.ActionBox`, the map
+every density here is measured (with :class:`offaug.datasets.action_box.ActionBox`, the map
 the rollouts use); :class:`BehaviourModel` is beta_hat(a|s) as arrays (from the BC checkpoint);
 :func:`_rollout_divergence` compares the noisy rollout policy mu with beta_hat, stepping it as
 a rollout does (:func:`offaug.pipeline.rollouts.behaviour.policy_step`).
@@ -17,16 +17,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from offaug.datasets.action_box import ActionBox
 from offaug.pipeline.diagnostics.policy_document import PolicyDivergence
 from offaug.pipeline.diagnostics.sampling import FloatArray, chunks
 from offaug.pipeline.rollouts.behaviour import (
-    ActionBox,
     behaviour_log_prob,
     categorical_log_prob,
     epsilon_greedy_probabilities,
     policy_step,
 )
-from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise, parse_noise
+from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise, NoiseSpec
 from offaug.pipeline.rollouts.policies import BCRolloutPolicy
 
 
@@ -160,14 +160,13 @@ def _rollout_divergence(
     behaviour: BehaviourModel,
     observations: npt.NDArray[np.float32],
     dataset_actions: npt.NDArray[Any],
-    noise_text: str,
+    spec: NoiseSpec,
     rng: np.random.Generator,
 ) -> PolicyDivergence:
     """nll, Monte-Carlo KL and action distance of the noisy rollout policy at dataset states.
 
     The rollout policy is sampled with its OU state at zero, i.e. its first-step distribution.
     """
-    spec = parse_noise(noise_text)
     space = behaviour.actions
     first, second = behaviour.parameters(observations)
     if space.discrete:

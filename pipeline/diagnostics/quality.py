@@ -322,7 +322,7 @@ def episode_returns(data: Transitions, rewards: FloatArray) -> EpisodeReturns:
     if len(data) == 0:
         return {"episodes": 0, "mean_return": None, "mean_length": None, "reward_per_step": None}
     bounds = data.episode_bounds()
-    returns = np.add.reduceat(rewards, bounds[:-1])
+    returns = data.episode_sums(rewards)
     return {
         "episodes": len(bounds) - 1,
         "mean_return": float(returns.mean()),

@@ -8,8 +8,6 @@ biased *high*); :func:`complete_returns` marks the rows whose return is complete
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import numpy.typing as npt
 
@@ -66,12 +64,3 @@ def complete_returns(
     starts = np.concatenate(([0], last_rows[:-1] + 1))
     per_row = np.repeat(episode_terminated, last_rows - starts + 1)
     return np.asarray(per_row | (to_end >= 3.0 / (1.0 - gamma)), dtype=bool)
-
-
-def episode_returns(transitions: Any) -> npt.NDArray[np.float64]:
-    """Undiscounted return of every episode."""
-    if len(transitions) == 0:
-        return np.zeros(0)
-    bounds = transitions.episode_bounds()
-    rewards = np.asarray(transitions.rewards, dtype=np.float64)
-    return np.asarray(np.add.reduceat(rewards, bounds[:-1]), dtype=np.float64)

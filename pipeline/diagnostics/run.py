@@ -59,6 +59,7 @@ from offaug.pipeline.diagnostics.sampling import (
 )
 from offaug.pipeline.diagnostics.settings import DiagnosticsSettings
 from offaug.pipeline.diagnostics.value import value_entry
+from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rundir.files import read_run_records
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.run_sections import DiagnosticsModel
@@ -175,7 +176,9 @@ def _diagnose(
             for index, model in enumerate(models)
         ]
     with timer("divergence"):
-        noise = shard_set.params.get("noise") if shard_set is not None else None
+        # The manifest records the noise as text: parsed once, here.
+        recorded = shard_set.params.get("noise") if shard_set is not None else None
+        noise = None if recorded is None else parse_noise(str(recorded))
         divergence = divergence_section(
             behaviour, bc_trainer, parts, sample, augmented_data, noise, rng
         )
@@ -341,7 +344,7 @@ def diagnose_run(
         bc,
         models,
         config,
-        str(layout.root / "diagnostics.json"),
+        str(layout.diagnostics),
         seed,
         settings=settings,
     )

@@ -1,20 +1,20 @@
-"""Wire a workflow's stages into a graph and run it on Dask, skipping what is already done.
+"""Run a workflow's plan on Dask, skipping what is already done.
 
 :func:`run_workflow` is the whole pipeline: it locks the run directory
 (:class:`~offaug.pipeline.rundir.lock.RunLock`), connects to a cluster
-(:func:`~offaug.pipeline.engine.clusters.connect`), adds every stage of
-:mod:`offaug.pipeline.stages.learning` to a
-:class:`~offaug.pipeline.engine.scheduler.StageScheduler` with its inputs (:func:`_build`, the
-wiring) and runs them. Independent stages (rollout tasks, learners, each learner's diagnostics) run
-in parallel; stages pass small references (paths, checksums), never arrays.
+(:func:`~offaug.pipeline.engine.clusters.connect`), hands every stage that
+:func:`~offaug.pipeline.engine.plan.plan_workflow` planned (the report's media, the doctor and the
+report included) to a :class:`~offaug.pipeline.engine.scheduler.StageScheduler` and runs them.
+This module plans nothing itself. Independent stages (rollout tasks, learners, each learner's
+diagnostics) run in parallel; stages pass small references (paths, checksums), never arrays.
 
-**Skipping and resuming.** Every stage has a key (:mod:`offaug.pipeline.rundir.keys`): a hash of its
-name, its part of the workflow and the keys of its inputs. A finished stage's record (key,
-result, seconds, worker) is written to ``stages.json`` as soon as it finishes. On the next run
-a stage whose key is unchanged and whose outputs still verify (files present, checksums equal)
-is not submitted at all; changing one parameter changes the keys of that stage and of
-everything downstream, and nothing else. ``force`` reruns named stages (and so their
-dependents).
+**Skipping and resuming.** Every stage has one key, the plan's
+(:mod:`offaug.pipeline.engine.stage_plan`): a hash of its function, its part of the workflow and
+the keys of its inputs. A finished stage's record (key, result, seconds, worker) is written to
+``stages.json`` as soon as it finishes. On the next run a stage whose key is unchanged and whose
+outputs still verify (files present, checksums equal) is not submitted at all; changing one
+parameter changes the keys of that stage and of everything downstream, and nothing else. ``force``
+reruns named stages (and so their dependents).
 
 **Resilience.** Tasks are submitted with retries; a worker killed mid-task has its task
 rescheduled by the scheduler. Stage outputs are written atomically under deterministic names,
@@ -38,23 +38,14 @@ from typing import Any
 
 from distributed import Client
 
-from offaug.pipeline.contracts import DATA_VIDEO_STAGE, DOCTOR_STAGE, VIDEO_STAGE_PREFIX
 from offaug.pipeline.engine.clusters import connect, disconnect, prepare_workers
 from offaug.pipeline.engine.plan import plan_workflow
-from offaug.pipeline.engine.scheduler import (
-    EventCallback,
-    Ref,
-    RefList,
-    StageFailed,
-    StageScheduler,
-)
+from offaug.pipeline.engine.scheduler import EventCallback, StageFailed, StageScheduler
+from offaug.pipeline.engine.stage_plan import Plan
 from offaug.pipeline.rundir.files import StageRecords, append_log, write_workflow
 from offaug.pipeline.rundir.lock import LockHolder, RunDirectoryLocked, RunLock, describe_takeover
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.workflow import Workflow
-from offaug.pipeline.stages import learning as stages
-from offaug.pipeline.stages import media as media_stages
-from offaug.pipeline.stages.doctor import doctor_stage
 
 __all__ = ["RunDirectoryLocked", "RunResult", "StageFailed", "run_workflow"]
 
@@ -148,7 +139,7 @@ def _run_locked(
     graph = StageScheduler(client, records, forced, event, threads)
     try:
         _check_resources(client, workflow)
-        names = _build(graph, workflow, layout, threads)
+        names = _schedule(graph, plan_workflow(workflow, layout, threads))
         graph.run()
         results = {name: graph.result(name) for name in names}
     finally:
@@ -178,102 +169,8 @@ def _check_resources(client: Client, workflow: Workflow) -> None:
     )
 
 
-def _build(graph: StageScheduler, workflow: Workflow, layout: RunLayout, threads: int) -> list[str]:
-    """Add every stage of the workflow to the graph (:func:`plan_workflow`, then the report);
-    return the stage names in order."""
-    plan = plan_workflow(workflow, layout, threads)
+def _schedule(graph: StageScheduler, plan: Plan) -> list[str]:
+    """Add every planned stage to the graph under its plan's key; return the names in order."""
     for spec in plan.stages.values():
-        graph.stage(
-            spec.name,
-            spec.function,
-            spec.config,
-            spec.inputs,
-            *spec.args,
-            resources=spec.resources,
-            aliases=spec.aliases,
-        )
-    names = plan.names
-    # Videos and the dataset doctor for the primary seed's runs and first augmented set.
-    primary = str(plan.index["primary_seed"])
-    models = [r["stage"] for r in plan.index["runs"] if str(r["seed"]) == primary]
-    rollouts = [
-        stages_by_seed[primary]
-        for stages_by_seed in (r["rollout"] for r in plan.index["recipes"].values())
-        if primary in stages_by_seed
-    ]
-    names.extend(
-        _add_media(
-            graph, workflow, list(dict.fromkeys(models)), rollouts[0] if rollouts else None, layout
-        )
-    )
-    # metrics.json and report.html: a stage like the others (a worker renders the plots while
-    # the client only waits), rerun when any result or the workflow changes.
-    graph.stage(
-        "report",
-        stages.report_stage,
-        workflow.digest(),
-        names,
-        workflow,
-        tuple(names),
-        RefList(tuple(names)),
-        str(layout.metrics),
-        str(layout.report),
-        plan.index,
-    )
-    names.append("report")
-    return names
-
-
-def _add_media(
-    graph: StageScheduler,
-    workflow: Workflow,
-    model_names: list[str],
-    rollout: str | None,
-    layout: RunLayout,
-) -> list[str]:
-    """The report's videos (one stage per trained policy, one for the data) and the dataset
-    doctor, each on a worker as soon as its inputs are done; return their stage names."""
-    report = workflow.report
-    names = []
-    if report.videos:
-        videos = str(layout.root / "videos")
-        for model in model_names:
-            name = f"{VIDEO_STAGE_PREFIX}{model.removeprefix('train:')}"
-            graph.stage(
-                name,
-                media_stages.render_policy_stage,
-                {"report": report, "seed": workflow.seed},
-                ["source", model],
-                Ref("source"),
-                Ref(model),
-                report,
-                videos,
-                workflow.seed,
-            )
-            names.append(name)
-        graph.stage(
-            DATA_VIDEO_STAGE,
-            media_stages.render_data_stage,
-            {"report": report, "seed": workflow.seed},
-            ["source", *([rollout] if rollout else [])],
-            Ref("source"),
-            Ref(rollout) if rollout else None,
-            report,
-            videos,
-            workflow.seed,
-        )
-        names.append(DATA_VIDEO_STAGE)
-    if report.doctor:
-        gamma = workflow.diagnostics.gamma
-        graph.stage(
-            DOCTOR_STAGE,
-            doctor_stage,
-            {"gamma": gamma, "rollout": workflow.rollout},
-            ["source", *([rollout] if rollout else [])],
-            Ref("source"),
-            Ref(rollout) if rollout else None,
-            gamma,
-            workflow,
-        )
-        names.append(DOCTOR_STAGE)
-    return names
+        graph.add(spec, plan.keys[spec.name])
+    return plan.names

@@ -2,15 +2,16 @@
 
 :func:`plan_workflow` expands a workflow over its training seeds and recipes
 (:meth:`~offaug.pipeline.schema.workflow.Workflow.arms`) into :class:`StageSpec` records, in the
-order they are dispatched; :mod:`offaug.pipeline.engine.graph` hands them to the scheduler. A test
-reads the plan without running anything.
+order they are dispatched; :mod:`offaug.pipeline.engine.graph` hands them to the scheduler. Every
+stage is planned here, the report's media, the dataset doctor and the report included; a test reads
+the plan without running anything.
 
 **Sharing** of equal stages is :class:`~offaug.pipeline.engine.stage_plan.Plan`'s: one BC per (bc
 config, seed), one rollout (tasks and merge) per (rollout config, BC, rollout policy, seed),
 and recipes that differ only in how they train (``train.mixing``) share their rollouts.
 
 **Names.** A stage of the workflow's own ``seed`` and of the default recipe (``augmented``)
-keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-original``,
+keeps the plain name (``bc``, ``rollout:0``, ``rollout``, ``train:cql-plain``,
 ``train:cql-augmented``, ``diagnose:cql-augmented``, ``diagnose``). Another seed appends
 ``@sSEED``; another recipe's rollout, merged diagnostics and recipe-specific BC carry
 ``[RECIPE]``: ``bc@s1``, ``bc[RECIPE]``, ``rollout[RECIPE]:0@s1``, ``rollout[RECIPE]@s1``,
@@ -27,11 +28,12 @@ an augmented arm spent (``train:LEARNER-baseline[STEPS]``), the bar
 index records each run's ``steps``, ``own_steps`` and ``rollouts``.
 
 **Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
-(:func:`offaug.algorithms.fused.train.fusable`; with ``auto``, one for which fusing pays on the
-training device, :func:`~offaug.algorithms.fused.train.fusing_pays`) trains every seed of a (recipe,
-learner) in one stage, ``fused:LEARNER-RECIPE``
-(:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed by one small stage per seed
-under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
+(:func:`offaug.algorithms.fused.train.fusable`; with ``auto`` and ``train.device`` set, one for
+which fusing pays on that device, :func:`~offaug.algorithms.fused.train.fusing_pays`; with ``auto``
+and no device named, the fused stage asks on its worker and trains the seeds one after another
+where fusing does not pay) trains every seed of a (recipe, learner) in one stage, ``fused:LEARNER-
+RECIPE`` (:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed by one small
+stage per seed under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
 :func:`~offaug.pipeline.stages.learning.member_model`) whose result is that seed's model: every
 later stage, the run index and ``stages.json`` see each seed's model as they see a per-seed
 training's. Forcing a seed's ``train:`` stage reruns the fused stage. Policy weights, state noise
@@ -45,22 +47,28 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from offaug.pipeline.contracts import (
+    DATA_VIDEO_STAGE,
+    DOCTOR_STAGE,
     PLAIN,
+    REPORT_STAGE,
+    VIDEO_STAGE_PREFIX,
     RecipeStages,
     RunEntry,
     RunIndex,
     baseline_recipe,
     is_plain,
 )
-from offaug.pipeline.engine.scheduler import Ref, RefList
-from offaug.pipeline.engine.stage_plan import Plan, StageSpec, path_name
+from offaug.pipeline.engine.stage_plan import Plan, Ref, RefList, StageSpec, path_name
 from offaug.pipeline.outcome.summary import weighting_of
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.recipes import DEFAULT_RECIPE, Recipe
 from offaug.pipeline.schema.sections import RolloutModel, TrainModel
 from offaug.pipeline.schema.workflow import Workflow
 from offaug.pipeline.stages import learning as stages
+from offaug.pipeline.stages import media as media_stages
 from offaug.pipeline.stages import rollouts as rollout_stages
+from offaug.pipeline.stages.doctor import doctor_stage
+from offaug.pipeline.stages.publishing import publish_stage
 
 
 class _Planner:
@@ -75,12 +83,13 @@ class _Planner:
         """(recipe, seed) -> the policy its last rollout round rolled out, where it is not the
         learner's plain run (a retrained one, or one trained for ``rollout.policy_steps``)."""
         self.gradient_steps: dict[str, int] = {}
+        """Stage -> the gradient steps it trains one model for (BC, learners, dynamics, the
+        denoiser)."""
         self.bc_stages: set[str] = set()
         """The BC stages: counted in a run's steps only where the clone shapes its data."""
         self.bc_shapes_data: dict[str, bool] = {}
         """Recipe -> whether its augmented rows come from the BC clone or are weighted by its
         density (rollout.policy bc, or weighting behaviour)."""
-        """Stage -> the gradient steps it trains one model for (BC, learners, dynamics)."""
         self.depends: dict[str, tuple[str, ...]] = {}
         """Stage -> what one seed's model depends on, where its stage's inputs say more (a
         fused seed's stage reads the fused stage, which reads every seed's rollouts)."""
@@ -94,7 +103,7 @@ class _Planner:
 
     def source(self) -> str:
         source = self.workflow.source
-        return self.plan.add(StageSpec("source", stages.prepare_source, source, (), (source,)))
+        return self.plan.add(StageSpec("source", stages.prepare_source, source, (source,)))
 
     def train(
         self,
@@ -125,17 +134,14 @@ class _Planner:
             # turns on its train-level augmentation (state noise) without augmented data.
             config["plain"] = False
             function = functools.partial(function, plain=False)
-        inputs: tuple[str, ...] = ("source",) if augmented is None else ("source", augmented)
         init: tuple[Ref, ...] = ()
         if train.init == "plain" and not (augmented is None and plain):
-            start = self.plain(algorithm, seed)
-            inputs, init = (*inputs, start), (Ref(start),)
+            init = (Ref(self.plain(algorithm, seed)),)
         name = self.plan.add(
             StageSpec(
                 f"train:{label}",
                 function,
                 config,
-                inputs,
                 (
                     algorithm,
                     Ref("source"),
@@ -171,10 +177,13 @@ class _Planner:
         # Imported here: the learners' modules import torch, and the client that plans a run
         # imports this module before anything heavy (offaug run takes its lock first).
         from offaug.algorithms.fused.train import fusable, fusing_pays
-        from offaug.algorithms.runtime import choose_device
 
-        if train.fuse_seeds == "auto":
-            return fusing_pays(algorithm, choose_device(train.device))
+        if train.fuse_seeds == "auto" and train.device is not None:
+            # The workflow names the device: whether fusing pays there is known now, and seeds
+            # that do not fuse train in parallel on the cluster.
+            return fusing_pays(algorithm, train.device)
+        # fuse_seeds true, or auto on the device the worker finds: the fused stage asks there
+        # whether fusing pays, and trains its seeds one after another if not.
         return fusable(algorithm)
 
     def fused(
@@ -211,7 +220,6 @@ class _Planner:
                 f"fused:{algorithm}-{recipe}",
                 function,
                 config,
-                ("source", *augmented),
                 (
                     algorithm,
                     Ref("source"),
@@ -233,7 +241,6 @@ class _Planner:
                     f"train:{labels[seed]}",
                     stages.member_model,
                     {"seed": seed, "index": index},
-                    (fused,),
                     (Ref(fused), index),
                 )
             )
@@ -311,7 +318,6 @@ class _Planner:
                 label,
                 stages.train_bc,
                 {"bc": recipe.bc, "seed": seed},
-                ("source",),
                 (Ref("source"), recipe.bc, str(self.layout.model(path_name(label))), seed),
             )
         )
@@ -371,7 +377,6 @@ class _Planner:
         shards = "augmented" + ("" if not tag and not sfx else path_name(f"{tag}{sfx}"))
         out = str(self.layout.augmented.with_name(shards))
         extra = () if policy is None else (Ref(policy),)
-        needs = ("source", bc) + (() if policy is None else (policy,))
         dynamics = None
         if rollout.backend == "model":
             dynamics = self.plan.add(
@@ -379,7 +384,6 @@ class _Planner:
                     f"dynamics{tag}{sfx}",
                     rollout_stages.train_dynamics_stage,
                     {"dynamics": rollout.dynamics, "seed": seed},
-                    ("source",),
                     (
                         Ref("source"),
                         rollout,
@@ -397,11 +401,9 @@ class _Planner:
                     f"calibrate{tag}{sfx}",
                     rollout_stages.calibrate_noise_stage,
                     {"rollout": rollout, "seed": seed},
-                    needs,
                     (Ref("source"), Ref(bc), rollout, out, seed, *extra),
                 )
             )
-            needs = (*needs, calibrate)
             calibrated = (Ref(calibrate),)
         tasks = []
         for index in range(rollout.tasks):
@@ -413,7 +415,6 @@ class _Planner:
                     name,
                     rollout_stages.rollout_shard,
                     config,
-                    needs,
                     (Ref("source"), Ref(bc), rollout, out, seed, index, *policy_arg, *calibrated),
                 )
             else:
@@ -422,7 +423,6 @@ class _Planner:
                     name,
                     rollout_stages.model_rollout_task,
                     config,
-                    (*needs, dynamics),
                     (Ref("source"), Ref(bc), Ref(dynamics), rollout, shard, index, seed, *extra),
                 )
             tasks.append(self.plan.add(spec))
@@ -431,7 +431,6 @@ class _Planner:
                 f"rollout{tag}{sfx}",
                 rollout_stages.merge_rollouts,
                 {"rollout": rollout, "seed": seed},
-                (*tasks, *(r.name for r in calibrated)),
                 (RefList(tuple(tasks)), out, rollout, *calibrated),
             )
         )
@@ -449,7 +448,6 @@ class _Planner:
                 f"denoiser{tag}{sfx}",
                 rollout_stages.train_denoiser_stage,
                 config,
-                ("source",),
                 (
                     Ref("source"),
                     rollout,
@@ -465,7 +463,6 @@ class _Planner:
                     f"rollout{tag}:{index}{sfx}",
                     rollout_stages.diffusion_sample_task,
                     {"rollout": rollout, "index": index, "seed": seed},
-                    ("source", denoiser),
                     (
                         Ref("source"),
                         Ref(denoiser),
@@ -483,7 +480,6 @@ class _Planner:
                 f"rollout{tag}{sfx}",
                 rollout_stages.merge_rollouts,
                 {"rollout": rollout, "seed": seed},
-                tuple(tasks),
                 (RefList(tuple(tasks)), str(out), rollout),
             )
         )
@@ -505,22 +501,20 @@ class _Planner:
                     f"diagnose{tag}:{model.removeprefix('train:')}",
                     stages.diagnose_policy_stage,
                     {"diagnostics": config, "index": index, "seed": seed},
-                    ("source", bc, model),
                     (Ref("source"), Ref(bc), Ref(model), config, seed, index),
                 )
             )
             for index, model in enumerate(models)
         ]
         name = "diagnose" + ("" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]") + sfx
-        out = self.layout.root / "diagnostics.json"
+        out = self.layout.diagnostics
         if name != "diagnose":
-            out = self.layout.root / "diagnostics" / f"{path_name(name)}.json"
+            out = self.layout.diagnostics_of(path_name(name))
         return self.plan.add(
             StageSpec(
                 name,
                 stages.diagnose_stage,
                 {"diagnostics": config, "seed": seed},
-                ("source", *(() if rollout is None else (rollout,)), bc, *models, *parts),
                 (
                     Ref("source"),
                     None if rollout is None else Ref(rollout),
@@ -536,7 +530,9 @@ class _Planner:
 
 
 def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
-    """Every stage of ``workflow`` but the report, in dispatch order (see the module docstring)."""
+    """Every stage of ``workflow``, in dispatch order (see the module docstring): the source,
+    trainings, rollouts and diagnostics, then publishing, the report's media and the doctor,
+    and the report last."""
     planner = _Planner(workflow, layout, threads)
     planner.source()
     arms = workflow.arms()
@@ -599,6 +595,8 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
         if retrained:
             stages_of["policy_models"] = retrained
     _publish(planner, arms, rollouts, seeds)
+    _media(planner)
+    _report(planner)
     return planner.plan
 
 
@@ -617,14 +615,83 @@ def _publish(
     planner.plan.add(
         StageSpec(
             "publish",
-            stages.publish_stage,
+            publish_stage,
             workflow.publish,
-            ("source", *(() if rollout is None else (rollout,))),
             (
                 Ref("source"),
                 None if rollout is None else Ref(rollout),
                 workflow.publish,
                 provenance,
+            ),
+        )
+    )
+
+
+def _media(planner: _Planner) -> None:
+    """The report's videos (one stage per trained policy of the primary seed, one for the data)
+    and the dataset doctor, on the primary seed's first augmented set."""
+    workflow, plan = planner.workflow, planner.plan
+    report = workflow.report
+    primary = str(plan.index["primary_seed"])
+    models = dict.fromkeys(r["stage"] for r in plan.index["runs"] if str(r["seed"]) == primary)
+    rollout = next(
+        (
+            by_seed[primary]
+            for by_seed in (r["rollout"] for r in plan.index["recipes"].values())
+            if primary in by_seed
+        ),
+        None,
+    )
+    augmented = None if rollout is None else Ref(rollout)
+    if report.videos:
+        videos = planner.layout.videos
+        config = {"report": report, "seed": workflow.seed}
+        for model in models:
+            plan.add(
+                StageSpec(
+                    f"{VIDEO_STAGE_PREFIX}{model.removeprefix('train:')}",
+                    media_stages.render_policy_stage,
+                    config,
+                    (Ref("source"), Ref(model), report, videos, workflow.seed),
+                )
+            )
+        plan.add(
+            StageSpec(
+                DATA_VIDEO_STAGE,
+                media_stages.render_data_stage,
+                config,
+                (Ref("source"), augmented, report, videos, workflow.seed),
+            )
+        )
+    if report.doctor:
+        gamma = workflow.diagnostics.gamma
+        plan.add(
+            StageSpec(
+                DOCTOR_STAGE,
+                doctor_stage,
+                {"gamma": gamma, "rollout": workflow.rollout},
+                (Ref("source"), augmented, gamma, workflow),
+            )
+        )
+
+
+def _report(planner: _Planner) -> None:
+    """metrics.json and report.html from every other stage's result: a stage like the others (a
+    worker renders the plots while the client only waits), rerun when any result or the
+    workflow changes."""
+    plan, layout = planner.plan, planner.layout
+    names = tuple(plan.names)
+    plan.add(
+        StageSpec(
+            REPORT_STAGE,
+            stages.report_stage,
+            planner.workflow.digest(),
+            (
+                planner.workflow,
+                names,
+                RefList(names),
+                layout,
+                plan.index,
             ),
         )
     )

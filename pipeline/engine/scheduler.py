@@ -1,7 +1,8 @@
 """The client-side scheduler: submit each stage to Dask once its inputs have finished.
 
-:class:`StageScheduler` takes stages one by one (:meth:`StageScheduler.stage`), skips those
-whose records are still valid, and runs the rest (:meth:`StageScheduler.run`), submitting a
+:class:`StageScheduler` takes a plan's stages one by one, each with its key
+(:meth:`StageScheduler.add`; both from :class:`~offaug.pipeline.engine.stage_plan.Plan`), skips
+those whose records are still valid, and runs the rest (:meth:`StageScheduler.run`), submitting a
 stage with ``client.submit`` as soon as the stages it depends on have finished and a worker
 thread is free. Each finished stage is recorded in ``stages.json`` at once, so a killed run
 resumes from what had finished.
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from distributed import Client, Future, wait
 
+from offaug.pipeline.engine.stage_plan import Ref, RefList, StageSpec
 from offaug.pipeline.engine.workers import run_stage
 from offaug.pipeline.rundir.files import StageRecords
-from offaug.pipeline.rundir.keys import stage_key, to_json
 
 EventCallback = Callable[[str, str, dict[str, Any]], None]
 """Called with (stage, event, details); events: planned (will run), skipped (up to date),
@@ -31,20 +32,6 @@ class StageFailed(RuntimeError):
     def __init__(self, stage: str, cause: BaseException) -> None:
         super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
         self.stage = stage
-
-
-@dataclasses.dataclass(frozen=True)
-class Ref:
-    """An argument that is another stage's result."""
-
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class RefList:
-    """An argument that is the list of several stages' results."""
-
-    names: tuple[str, ...]
 
 
 @dataclasses.dataclass
@@ -91,28 +78,18 @@ class StageScheduler:
         self.executed: list[str] = []
         self.seconds: dict[str, float] = {}
 
-    def stage(
-        self,
-        name: str,
-        function: Callable[..., Any],
-        config: Any,
-        inputs: Sequence[str],
-        *args: Any,
-        resources: dict[str, float] | None = None,
-        retries: int = 2,
-        aliases: Sequence[str] = (),
-    ) -> None:
-        """Add a stage: ``function(*args)`` where args may name other stages via :class:`Ref`.
+    def add(self, spec: StageSpec, key: str, retries: int = 2) -> None:
+        """Add a planned stage under its plan's ``key``.
 
-        The stage is skipped (its recorded result reused) when its key is unchanged, its
-        outputs verify, it is not forced (under its name or one of ``aliases``) and none of its
-        inputs reruns.
+        The stage is skipped (its recorded result reused) when its recorded key equals ``key``,
+        its outputs verify, it is not forced (under its name or one of its aliases) and none of
+        its inputs reruns.
         """
-        key = stage_key(name, to_json(config), [self.keys[i] for i in inputs])
+        name, inputs = spec.name, spec.inputs
         self.keys[name] = key
         self.inputs[name] = list(inputs)
         rerun_upstream = any(i in self.planned for i in inputs)
-        forced = any(self._forced(n) for n in (name, *aliases))
+        forced = any(self._forced(n) for n in (name, *spec.aliases))
         if not forced and not rerun_upstream:
             cached = self.records.cached(name, key)
             if cached is not None:
@@ -120,7 +97,7 @@ class StageScheduler:
                 self.skipped.append(name)
                 self.event(name, "skipped", {"key": key})
                 return
-        self.planned[name] = _Planned(function, args, resources, retries)
+        self.planned[name] = _Planned(spec.function, spec.args, spec.resources, retries)
         self.event(name, "planned", {"key": key})
 
     def _forced(self, name: str) -> bool:

@@ -32,7 +32,7 @@ from PIL import Image
 
 from offaug.algorithms.evaluate import Policy, make_env
 from offaug.algorithms.training.loop import load_trainer
-from offaug.datasets.shards import MANIFEST_NAME, ShardSet
+from offaug.datasets.shards import ShardSet, is_shard_set
 from offaug.datasets.sources import load_transitions
 
 GL_BACKENDS: tuple[str, ...] = ("egl", "osmesa")
@@ -283,6 +283,6 @@ def render_checkpoint(
 
 
 def _dataset_meta(source: str) -> Mapping[str, Any]:
-    if (Path(source) / MANIFEST_NAME).is_file():
+    if is_shard_set(source):
         return ShardSet.open(source).meta
     return load_transitions(source).meta

@@ -201,11 +201,12 @@ def recipe_summaries(
     return summaries
 
 
-def data_score(
+def _recorded_data_score(
     source: DatasetRef | None, diagnostics: Mapping[str, Any] | None, bc: Any = None
 ) -> float | None:
-    """The normalised score of the data's own episodes: as the BC stage records it
-    (``metrics["data"]``), else from the diagnostics' mean return and the reference scores."""
+    """The normalised score of the data's own episodes: as the BC stage recorded it
+    (``metrics["data"]``, :func:`offaug.pipeline.stages.learning.data_score`), else from the
+    diagnostics' mean return and the reference scores."""
     if isinstance(bc, ModelRef) and _dig(bc.metrics, "data", "normalised_score") is not None:
         return float(bc.metrics["data"]["normalised_score"])
     mean_return = _dig(diagnostics, "data", "original", "return", "mean")
@@ -213,12 +214,9 @@ def data_score(
         return None
     # Reference scores come with the evaluation module (gymnasium): imported where needed, as
     # the workers unpickle this module with the stages before their background imports.
-    from offaug.algorithms.evaluate import reference_scores
+    from offaug.algorithms.evaluate import normalised_score, reference_scores
 
-    scores = reference_scores(source.meta, None)
-    if scores is None or scores[1] == scores[0]:
-        return None
-    return 100.0 * (float(mean_return) - scores[0]) / (scores[1] - scores[0])
+    return normalised_score(float(mean_return), reference_scores(source.meta, None))
 
 
 _Figure = Literal[
@@ -272,7 +270,7 @@ def summarise(workflow: Workflow, results: dict[str, Any], index: RunIndex) -> d
     source = source if isinstance(source, DatasetRef) else None
     summaries = recipe_summaries(results, index, training)
     runs, score = run_scores(training)
-    data = data_score(source, diagnostics, _primary(results, index, "bc"))
+    data = _recorded_data_score(source, diagnostics, _primary(results, index, "bc"))
     verdicts = judge(runs, verdict_diagnostics(summaries, data))
     metrics: dict[str, Any] = {
         "workflow": workflow.name,

@@ -7,6 +7,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from offaug.pipeline.contracts import PLAIN
+from offaug.pipeline.schema.recipes import DEFAULT_RECIPE
+
 
 def number(value: Any, digits: int = 3) -> str:
     """A cell: ``—`` for None or non-finite, yes/no, ``digits`` significant digits, escaped."""
@@ -38,7 +41,8 @@ def get(mapping: Any, *keys: str) -> Any:
 
 
 def training_pairs(training: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{algorithm: {"original": entry, "augmented": entry}}`` from ``name-data`` keys.
+    """``{algorithm: {PLAIN: entry, DEFAULT_RECIPE: entry}}`` from ``LEARNER-RECIPE`` keys: the
+    learner on the original data alone and on original + augmented data.
 
     Runs of other recipes and seeds (``cql-RECIPE``, ``cql-augmented@s1``) are left to the
     verdict, which aggregates them.
@@ -46,10 +50,10 @@ def training_pairs(training: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     pairs: dict[str, dict[str, Any]] = {}
     for name, entry in training.items():
         algorithm, _, data = str(name).rpartition("-")
-        if "@" in str(name) or (algorithm and data not in ("original", "augmented")):
+        if "@" in str(name) or (algorithm and data not in (PLAIN, DEFAULT_RECIPE)):
             continue
         if not algorithm:
-            algorithm, data = str(name), "original"
+            algorithm, data = str(name), PLAIN
         pairs.setdefault(algorithm, {})[data] = entry
     return pairs
 
@@ -59,7 +63,7 @@ def headline(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     diagnostics = metrics.get("diagnostics") or {}
     for algorithm, pair in training_pairs(metrics.get("training") or {}).items():
-        original, augmented = pair.get("original"), pair.get("augmented")
+        original, augmented = pair.get(PLAIN), pair.get(DEFAULT_RECIPE)
         text = f"{number(get(original, 'return'), 4)} → {number(get(augmented, 'return'), 4)}"
         scores = (get(original, "normalised_score"), get(augmented, "normalised_score"))
         if any(s is not None for s in scores):

@@ -12,9 +12,9 @@ from offaug.pipeline.outcome.verdict import ArmVerdict, BestComparison
 
 # ``return`` is a keyword, so this one is spelled functionally: the final evaluation's mean
 # return and its D4RL-normalised score (None without reference scores), the learner, recipe
-# (``original`` for the plain baseline, ``baseline[STEPS]`` for a plain run of another budget) and
-# training seed, the checkpoint's path, the total gradient steps (its rollout policy's and the plain
-# run's it starts from included), its own, and the simulator steps of the rollouts it trained on.
+# (``plain`` for the baseline, ``baseline[STEPS]`` for a plain run of another budget) and training
+# seed, the checkpoint's path, the total gradient steps (its rollout policy's and the plain run's
+# it starts from included), its own, and the simulator steps of the rollouts it trained on.
 TrainingResult = TypedDict(
     "TrainingResult",
     {
@@ -103,7 +103,7 @@ class Videos(TypedDict, total=False):
     """``metrics.json``'s ``videos``."""
 
     policies: dict[str, VideoSet]
-    """Per trained policy (``<algorithm>-original`` / ``-augmented``)."""
+    """Per trained policy (``<algorithm>-plain`` / ``-augmented``: its train stage's name)."""
     data: DataVideos | None
     max_report_mb: float
     """Bound on report.html (10^6 bytes)."""
@@ -131,7 +131,7 @@ class Metrics(TypedDict, total=False):
     """``metrics.json``: a run's metrics."""
 
     training: dict[str, TrainingResult]
-    """One result per training run, named ``LEARNER-RECIPE`` (``cql-original``,
+    """One result per training run, named ``LEARNER-RECIPE`` (``cql-plain``,
     ``cql-augmented``), with ``@sSEED`` for seeds other than the workflow's ``seed``."""
     seeds: list[int]
     """The training seeds."""

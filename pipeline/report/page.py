@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from offaug.datasets.atomic import atomic_path
+from offaug.pipeline.contracts import PLAIN
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
 from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
 from offaug.pipeline.report.plots import Plot, render_plots
 from offaug.pipeline.report.quality_section import QUALITY_HEADER, quality_rows
 from offaug.pipeline.report.verdict_section import VERDICT_CSS, comparison_html, verdict_html
 from offaug.pipeline.rundir.run_layout import RunLayout
+from offaug.pipeline.schema.recipes import DEFAULT_RECIPE
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
@@ -84,8 +86,8 @@ def _scores_html(training: Mapping[str, Any]) -> str:
         return _missing("No training results in metrics.json.")
     rows = []
     for algorithm, pair in training_pairs(training).items():
-        original = get(pair, "original", "return")
-        augmented = get(pair, "augmented", "return")
+        original = get(pair, PLAIN, "return")
+        augmented = get(pair, DEFAULT_RECIPE, "return")
         change = "—"
         if original is not None and augmented is not None:
             delta = float(augmented) - float(original)
@@ -97,8 +99,8 @@ def _scores_html(training: Mapping[str, Any]) -> str:
                 number(original, 4),
                 number(augmented, 4),
                 change,
-                number(get(pair, "original", "normalised_score")),
-                number(get(pair, "augmented", "normalised_score")),
+                number(get(pair, PLAIN, "normalised_score")),
+                number(get(pair, DEFAULT_RECIPE, "normalised_score")),
             ]
         )
     header = [

@@ -8,11 +8,12 @@ learned model, goes
     policy(s) -> (mean, log std) -> noise -> action, log mu -> log beta_hat -> env action,
 
 and both log-densities are converted from the normalised box to the environment's with the
-normaliser's ``log |det|`` (:func:`policy_step`). The noise is centred on the behaviour model's
-own action unless the policy is a :class:`CentredPolicy` (e.g. a trained offline learner's
-deterministic action): mu is then that noise around the learner's action, while beta_hat stays
-the BC density, so the weight columns keep their meaning. :class:`ActionBox` is the one numpy
-map between an environment's action bounds and the normalised box (the twin of
+normaliser's ``log |det|`` (:func:`policy_step`). The noise is centred on the behaviour model's own
+action unless the policy is a :class:`CentredPolicy` (e.g. a trained offline learner's
+deterministic action): mu is then that noise around the learner's action, while beta_hat stays the
+BC density, so the weight columns keep their meaning.
+:class:`~offaug.datasets.action_box.ActionBox` is the one numpy map between an environment's action
+bounds and the normalised box (the twin of
 :class:`offaug.algorithms.nn.distributions.ActionNormaliser`). Over the collected rows the weights
 are
 
@@ -77,51 +78,6 @@ def noise_centre(
     if isinstance(policy, CentredPolicy):
         return policy.centre(observations)
     return np.asarray(mean.argmax(-1)) if policy.discrete else mean
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ActionBox:
-    """The affine map between a Box action space and ``[-1, 1]^d``: ``box = env * scale + offset``.
-
-    The numpy twin of :class:`offaug.algorithms.nn.distributions.ActionNormaliser` (built from one
-    with :meth:`from_normaliser`, so a rollout maps actions exactly as its trainer does).
-    """
-
-    scale: FloatArray
-    """(d,) ``2 / (high - low)``."""
-    offset: FloatArray
-    """(d,) ``-1 - low * scale``."""
-
-    @classmethod
-    def from_bounds(cls, low: npt.ArrayLike, high: npt.ArrayLike) -> ActionBox:
-        """The map of the box ``[low, high]``."""
-        low_array = np.asarray(low, dtype=np.float64).reshape(-1)
-        high_array = np.asarray(high, dtype=np.float64).reshape(-1)
-        scale = 2.0 / (high_array - low_array)
-        return cls(scale, -1.0 - low_array * scale)
-
-    @classmethod
-    def from_normaliser(cls, normaliser: Any) -> ActionBox:
-        """The map of a trainer's ``ActionNormaliser`` (its ``scale`` and ``offset`` buffers)."""
-        scale = normaliser.scale.detach().cpu().numpy().astype(np.float64)
-        offset = normaliser.offset.detach().cpu().numpy().astype(np.float64)
-        return cls(scale, offset)
-
-    def normalise(self, env_actions: npt.ArrayLike) -> FloatArray:
-        """Environment actions into ``[-1, 1]^d`` (clipped), as the learners see them."""
-        box = np.asarray(env_actions, dtype=np.float64) * self.scale + self.offset
-        return np.asarray(np.clip(box, -1.0, 1.0), dtype=np.float64)
-
-    def to_env(self, actions: npt.ArrayLike) -> npt.NDArray[np.float32]:
-        """Normalised actions back to the environment's bounds."""
-        return ((np.asarray(actions, dtype=np.float64) - self.offset) / self.scale).astype(
-            np.float32
-        )
-
-    @property
-    def log_abs_det(self) -> float:
-        """log |d box / d env action|: add it to a box density to get the env-box density."""
-        return float(np.log(np.abs(self.scale)).sum())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
-from offaug.pipeline.rollouts.noise import parse_noise
+from offaug.pipeline.rollouts.noise import NoiseSpec, parse_noise
 from offaug.pipeline.rollouts.tasks import RolloutTask, rollout_results
 
 _PROBE_SEED_OFFSET = 7_919
@@ -32,31 +32,44 @@ class CalibrationSettings(Protocol):
     def keep(self) -> float: ...
 
 
-def calibrate_noise(task: RolloutTask, calibration: CalibrationSettings) -> dict[str, Any]:
-    """Probe ``calibration.scales`` (largest first) on ``task``'s policy, env and filter.
+@dataclasses.dataclass(frozen=True)
+class NoiseCalibration:
+    """What calibration chose, handed to every rollout task and the merge as it is."""
 
-    Returns ``{"noise": text, "keep": share, "trials": [{"noise", "episodes", "kept"}, ...]}``:
-    the noise to roll out with (the first sigma whose probes kept at least ``keep`` of their
-    episodes, else the smallest tried) and every probe, for the manifest and the report.
-    """
+    noise: NoiseSpec
+    """The noise to roll out with: the first sigma whose probes kept at least ``keep`` of their
+    episodes, else the smallest tried."""
+    keep: float
+    """The share of probe episodes the filter had to keep."""
+    trials: tuple[dict[str, Any], ...]
+    """Every probe, in order: ``{"noise": text, "episodes", "kept"}``."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"noise": text, "keep", "trials"}``, for the manifest and the report."""
+        return {"noise": self.noise.text, "keep": self.keep, "trials": list(self.trials)}
+
+
+def calibrate_noise(task: RolloutTask, calibration: CalibrationSettings) -> NoiseCalibration:
+    """Probe ``calibration.scales`` (largest first) on ``task``'s policy, env and filter."""
     if task.config.filter == "none":
         raise ValueError("noise_calibration needs a rollout.filter: nothing to probe against")
-    texts = [f"gaussian:{sigma:g}" for sigma in calibration.scales]
+    noises = [parse_noise(f"gaussian:{sigma:g}") for sigma in calibration.scales]
     probes = (
         dataclasses.replace(
             task.config,
             episodes=calibration.episodes,
             simulator_steps=None,
-            noise=parse_noise(text),
+            noise=noise,
             seed=task.config.seed + _PROBE_SEED_OFFSET,
         )
-        for text in texts
+        for noise in noises
     )
     trials: list[dict[str, Any]] = []
+    chosen = noises[0]
     # Lazy: the data, policy and filter load once, and no probe runs past the first that passes.
-    for text, result in zip(texts, rollout_results(task, probes), strict=False):
+    for chosen, result in zip(noises, rollout_results(task, probes), strict=False):
         kept = len(result.episode_returns)
-        trials.append({"noise": text, "episodes": calibration.episodes, "kept": kept})
+        trials.append({"noise": chosen.text, "episodes": calibration.episodes, "kept": kept})
         if kept >= calibration.keep * calibration.episodes:
             break
-    return {"noise": trials[-1]["noise"], "keep": calibration.keep, "trials": trials}
+    return NoiseCalibration(chosen, calibration.keep, tuple(trials))

@@ -2,7 +2,7 @@
 
 For a rollout step's small batch, numpy's per-call overhead is below torch's, and the loop
 never leaves numpy; :class:`BCRolloutPolicy` copies a trained BC network's linear layers and
-the action normaliser's affine map (:class:`offaug.pipeline.rollouts.behaviour.ActionBox`) out of
+the action normaliser's affine map (:class:`offaug.datasets.action_box.ActionBox`) out of
 torch once. :class:`LearnerRolloutPolicy` rolls out a trained offline learner instead: the noise is
 centred on the learner's deterministic action, and beta_hat is still the BC policy's density.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from offaug.pipeline.rollouts.behaviour import ActionBox
+from offaug.datasets.action_box import ActionBox
 
 
 class BCRolloutPolicy:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomic
+from offaug.datasets.atomic import staged_directory, write_json_atomic
 from offaug.datasets.shards import (
     POOLED_MEAN_WEIGHT,
     ShardSet,
@@ -430,11 +429,7 @@ def rollout_to_shard_set(
         FileExistsError: ``out`` exists and ``overwrite`` is false.
     """
     final = Path(out).absolute()
-    if final.exists() and not overwrite:
-        raise FileExistsError(f"{final} exists; pass overwrite to replace it")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = tmp_name(final)
-    try:
+    with staged_directory(final, overwrite=overwrite) as staging:
         jobs = split_tasks(
             source,
             str(policy),
@@ -463,8 +458,4 @@ def rollout_to_shard_set(
                 "filter_tolerance": config.filter_tolerance,
             },
         )
-        replace_directory(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return RolloutOutcome(ShardSet.open(final), tuple(results))

@@ -23,9 +23,9 @@ from typing import Any, TypedDict, TypeVar
 
 import yaml
 
-from offaug.datasets.atomic import write_json_atomic
+from offaug.datasets.atomic import write_json_atomic, write_text_atomic
 from offaug.datasets.errors import DataError
-from offaug.datasets.shards import ShardSet, file_checksum
+from offaug.datasets.shards import ShardSet, file_checksum, manifest_path
 from offaug.datasets.sources import cache_key, resolve_source
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
 from offaug.pipeline.rollouts.env_state import STATE_KINDS
@@ -61,7 +61,7 @@ def outputs_verify(result: Any) -> bool:
         shard = result.shard
         return Path(shard.path).is_file() and file_checksum(shard.path) == shard.checksum
     if isinstance(result, AugmentedRef):
-        manifest = Path(result.directory) / "manifest.json"
+        manifest = manifest_path(result.directory)
         if not manifest.is_file() or file_checksum(manifest) != result.manifest_checksum:
             return False
         return not ShardSet.open(result.directory).verify()
@@ -221,7 +221,7 @@ def read_workflow(run_dir: str | Path) -> Workflow | None:
 def write_workflow(layout: RunLayout, workflow: Workflow) -> None:
     """Record the resolved workflow (every default filled in) as ``workflow.yaml``."""
     text = yaml.safe_dump(workflow.model_dump(mode="json"), sort_keys=False)
-    layout.workflow.write_text(text)
+    write_text_atomic(layout.workflow, text)
 
 
 def read_metrics(run_dir: str | Path) -> dict[str, Any]:

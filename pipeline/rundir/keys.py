@@ -1,9 +1,10 @@
 """Stage keys and the JSON form of stage results.
 
-A stage's key is a hash of its name, its part of the workflow and the keys of its inputs: equal
-configs give equal keys however their YAML orders mapping keys, and changing one parameter
-changes the key of that stage and of everything downstream. Results (the small frozen records
-of :mod:`offaug.pipeline.rundir.run_layout`) are stored as JSON objects that carry their type's name
+A stage's key (:class:`~offaug.pipeline.engine.stage_plan.Plan` gives each stage one) is a hash of
+its function, its part of the workflow and the keys of its inputs: equal configs give equal keys
+however their YAML orders mapping keys, and changing one parameter changes the key of that stage
+and of everything downstream. Results (the small frozen records of
+:mod:`offaug.pipeline.rundir.run_layout`) are stored as JSON objects that carry their type's name
 under ``"__type__"`` so they decode back to the same dataclass.
 """
 
@@ -24,6 +25,8 @@ from offaug.pipeline.contracts import (
     ModelRef,
     RolloutShard,
 )
+from offaug.pipeline.rollouts.calibration import NoiseCalibration
+from offaug.pipeline.rollouts.noise import Component, NoiseSpec
 
 RESULT_TYPES: dict[str, type[Any]] = {
     "DatasetRef": DatasetRef,
@@ -32,6 +35,9 @@ RESULT_TYPES: dict[str, type[Any]] = {
     "RolloutShard": RolloutShard,
     "FilterRecord": FilterRecord,
     "ShardRef": ShardRef,
+    "NoiseCalibration": NoiseCalibration,
+    "NoiseSpec": NoiseSpec,
+    "Component": Component,
 }
 """The result dataclasses a stage record can hold, by the name stored in ``"__type__"``."""
 

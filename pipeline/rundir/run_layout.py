@@ -8,6 +8,8 @@
       run.lock             held by the run in progress (host, pid, start time)
       metrics.json         training scores, weight statistics and diagnostics (documented schema)
       report.html          the self-contained report
+      diagnostics.json     the default recipe's diagnostics (diagnostics/<stage>.json: others)
+      videos/*.gif         the report's videos (report.videos)
       shards/augmented/    the augmented shard set (one shard per rollout task) + manifest
       models/bc/           the BC policy (checkpoint.pt, metrics.jsonl, config.json)
       models/dynamics.pt   the learned-dynamics ensemble (model backend only)
@@ -51,6 +53,18 @@ class RunLayout:
     @property
     def report(self) -> Path:
         return self.root / "report.html"
+
+    @property
+    def diagnostics(self) -> Path:
+        return self.root / "diagnostics.json"
+
+    def diagnostics_of(self, stage: str) -> Path:
+        """Where a diagnose stage other than the default recipe's first seed writes."""
+        return self.root / "diagnostics" / f"{stage}.json"
+
+    @property
+    def videos(self) -> Path:
+        return self.root / "videos"
 
     @property
     def augmented(self) -> Path:

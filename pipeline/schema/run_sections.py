@@ -70,13 +70,15 @@ class DiagnosticsModel(StrictSection):
     )
 
 
+Include = Literal["original", "augmented", "both"]
+"""What a run publishes: its original data, its augmented data, or both in that order."""
+
+
 class PublishModel(StrictSection):
     """Publishing the augmented dataset as a Minari dataset."""
 
     dataset_id: str = Field(description="Minari id to write: [namespace/]name-vK.")
-    include: Literal["original", "augmented", "both"] = Field(
-        "both", description="Which data to publish."
-    )
+    include: Include = Field("both", description="Which data to publish.")
     format: Literal["hdf5", "arrow"] = Field("hdf5", description="Minari storage format.")
     overwrite: bool = Field(False, description="Replace an existing dataset with this id.")
     root: str | None = Field(None, description="Datasets root (default MINARI_DATASETS_PATH).")

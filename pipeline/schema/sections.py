@@ -27,13 +27,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from offaug.algorithms.names import (
+    OFFLINE_LEARNERS,
+    GeneratingPolicy,
+    Level,
+    OfflineLearner,
+    Weighting,
+)
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
-
-Algorithm = Literal["cql", "bcq", "bc", "discrete_cql", "discrete_bcq", "iql", "td3bc", "rebrac"]
-
-Weighting = Literal["none", "behaviour", "policy"]
-"""The choices of ``offaug.algorithms.training.weighting.Weighting`` (named again here: that module
-imports torch, which this schema must not)."""
 
 
 def _noise_spec(value: Any) -> NoiseSpec:
@@ -64,13 +65,11 @@ class MakeSource(StrictSection):
     """How to make the source dataset when it is missing (offaug make-dataset)."""
 
     env: str = Field(description="Gymnasium env id, e.g. Hopper-v5.")
-    policy: Literal["random", "sac"] = Field(
+    policy: GeneratingPolicy = Field(
         "random",
         description="The generating policy: uniform random, or SAC trained online (D4RL levels).",
     )
-    level: Literal["random", "medium", "expert", "medium-replay"] = Field(
-        "medium", description="With policy sac: which D4RL level to collect."
-    )
+    level: Level = Field("medium", description="With policy sac: which D4RL level to collect.")
     train_steps: int = Field(
         8000, gt=0, description="With policy sac: SAC's environment steps (its final policy)."
     )
@@ -227,7 +226,7 @@ class RolloutModel(StrictSection):
             " without rollouts)."
         ),
     )
-    policy: Algorithm = Field(
+    policy: OfflineLearner = Field(
         "bc",
         description=(
             "What the noise is centred on: 'bc' (the BC stage's clone) or a learner name (its"
@@ -430,7 +429,7 @@ class StateNoiseModel(StrictSection):
 class TrainModel(StrictSection):
     """The offline learners trained on original and original + augmented data."""
 
-    algorithms: tuple[Algorithm, ...] = Field(("cql", "bcq"), description="Learners to train.")
+    algorithms: tuple[OfflineLearner, ...] = Field(("cql", "bcq"), description="Learners to train.")
     steps: int = Field(10_000, gt=0, description="Gradient steps per run.")
     mixing: tuple[float, float] = Field(
         (0.5, 0.5), description="Share of original and augmented rows per batch."
@@ -501,7 +500,8 @@ class TrainModel(StrictSection):
             " one stage (learners that cannot train fused get one stage per seed); false: one"
             " stage per seed, spread over the cluster; auto: fused where it pays, i.e. every"
             " fusable learner on a GPU and all but CQL and BCQ on a CPU (device: train.device,"
-            " else whether the planning machine has CUDA). The outputs are the same either way."
+            " else the training worker's: its fused stage then trains the seeds one after another"
+            " where fusing does not pay). The outputs are the same either way."
         ),
     )
 
@@ -510,7 +510,7 @@ class TrainModel(StrictSection):
     def _configs_fit_their_learners(
         cls, value: dict[str, dict[str, Any]]
     ) -> dict[str, dict[str, Any]]:
-        learners = typing.get_args(Algorithm)
+        learners = OFFLINE_LEARNERS
         problems: list[tuple[tuple[str | int, ...], str]] = []
         for algorithm, config in value.items():
             if algorithm not in learners:

@@ -1,8 +1,9 @@
 """The pipeline's stages: plain functions from small records and config to small records.
 
-No stage imports Dask: :mod:`offaug.pipeline.engine.graph` wires them into a graph, and a test calls
-any of them directly. Every stage writes its outputs atomically, so a stage that is killed and
-run again leaves no partial file and no duplicate.
+No stage imports Dask: :mod:`offaug.pipeline.engine.plan` plans them,
+:mod:`offaug.pipeline.engine.graph` runs the plan, and a test calls any of them directly. Every
+stage writes its outputs atomically, so a stage that is killed and run again leaves no partial file
+and no duplicate.
 
 Every Dask worker imports this module to unpickle its first stage, before the background
 import of torch (:mod:`offaug.pipeline.engine.workers`) is done; so the modules that import torch
@@ -11,26 +12,23 @@ are imported inside the stages that use them, and this module's header holds non
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from offaug.datasets.atomic import replace_directory, tmp_name, write_json_atomic
+from offaug.algorithms.online.making import make_source_dataset
+from offaug.datasets.atomic import staged_directory, write_json_atomic
 from offaug.datasets.errors import DatasetNotFoundError
-from offaug.datasets.generate import make_dataset
-from offaug.datasets.publish import publish_dataset
 from offaug.datasets.sampler import batch_shares
-from offaug.datasets.shards import ShardSet, file_checksum
+from offaug.datasets.shards import file_checksum
 from offaug.datasets.sources import cache_key, load_transitions, resolve_source
 from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RunIndex
 from offaug.pipeline.outcome.summary import summarise
 from offaug.pipeline.rollouts.env_state import load_with_states
+from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.run_sections import DiagnosticsModel, EvaluationModel
 from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig, TrainModel
 from offaug.pipeline.schema.workflow import Workflow
@@ -48,35 +46,25 @@ def prepare_source(config: SourceConfig) -> DatasetRef:
         if config.make is None:
             raise
         make = config.make
+        sac_config = None
         if make.policy == "sac":
             # Imports torch: only a source made by SAC needs it.
-            from offaug.algorithms.online.levels import (
-                LevelConfig,
-                make_level_dataset,
-                small_sac_config,
-            )
+            from offaug.algorithms.online.levels import small_sac_config
 
-            level = LevelConfig(
-                make.env,
-                make.level,
-                train_steps=make.train_steps,
-                steps=make.steps,
-                seed=make.seed,
-                sac=small_sac_config(),
-                max_episode_steps=make.max_episode_steps,
-                threads=1,
-            )
-            make_level_dataset(level, config.dataset, data_format=make.format)
-        else:
-            make_dataset(
-                make.env,
-                config.dataset,
-                policy=make.policy,
-                steps=make.steps,
-                data_format=make.format,
-                seed=make.seed,
-                max_episode_steps=make.max_episode_steps,
-            )
+            sac_config = small_sac_config()
+        make_source_dataset(
+            make.env,
+            config.dataset,
+            policy=make.policy,
+            level=make.level,
+            train_steps=make.train_steps,
+            steps=make.steps,
+            data_format=make.format,
+            seed=make.seed,
+            max_episode_steps=make.max_episode_steps,
+            sac_config=sac_config,
+            threads=1,
+        )
         resolved = resolve_source(config.dataset)
     # Datasets without recorded states still load; they just cannot be branched from.
     data, state_kind = load_with_states(config.dataset)
@@ -98,16 +86,9 @@ def _train_into(out: str, run: Any) -> Path:
     and the rerun's task): each execution writes its own directory and the last one to finish
     replaces ``out`` whole, so files of two executions never mix.
     """
-    final = Path(out)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
+    with staged_directory(out, overwrite=True) as staging:
         run(staging)
-        replace_directory(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return final
+    return Path(out)
 
 
 def _model_ref(name: str, checkpoint: Path, metrics: dict[str, Any]) -> ModelRef:
@@ -131,9 +112,7 @@ def data_score(data: Transitions) -> dict[str, Any]:
     """The data's own mean episode return and its normalised score (reference scores)."""
     from offaug.algorithms.evaluate import normalised_score, reference_scores  # torch: see top
 
-    bounds = data.episode_bounds()
-    rewards = np.asarray(data.rewards, dtype=np.float64)
-    returns = np.add.reduceat(rewards, bounds[:-1]) if len(rewards) else np.zeros(0)
+    returns = data.episode_returns()
     mean_return = float(returns.mean()) if len(returns) else 0.0
     return {
         "episodes": len(returns),
@@ -227,8 +206,14 @@ def train_offline_fused(
     ``augmented[k]`` is seed ``seeds[k]``'s augmented data (``None``: every seed trains on the
     original data). ``outs[k]`` receives what :func:`train_offline` with ``seeds[k]`` writes to
     its ``out``, and the records are those it returns (the numbers agree to float32 rounding).
+    With ``fuse_seeds: auto`` on a device where fusing does not pay (the worker's, which the
+    planning client may not share), the seeds train one after another, each exactly as
+    :func:`train_offline` trains it.
     """
-    from offaug.algorithms.fused.train import train_fused  # imports torch: see the top
+    # Imports torch: see the top.
+    from offaug.algorithms.fused.train import fusing_pays, train_fused
+    from offaug.algorithms.runtime import choose_device
+    from offaug.algorithms.training.loop import train
 
     per_seed = augmented if augmented is not None else [None] * len(seeds)
     inputs = [
@@ -242,21 +227,23 @@ def train_offline_fused(
         groups.setdefault(dataclasses.replace(options, seed=0), []).append(k)
     config = dict(train_config.configs.get(algorithm, {}))
     finals = [Path(o) for o in outs]
-    stagings = [tmp_name(f) for f in finals]
-    try:
+    fuse = train_config.fuse_seeds is True or fusing_pays(
+        algorithm, choose_device(train_config.device)
+    )
+    with contextlib.ExitStack() as staged:
+        # Each seed's directory moves into place once every seed has trained (or none does).
+        stagings = [staged.enter_context(staged_directory(f, overwrite=True)) for f in finals]
         for shared, members in groups.items():
+            if not fuse:
+                for k in members:
+                    sources, options = inputs[k]
+                    train(algorithm, sources, stagings[k], config=config, options=options)
+                continue
             options = dataclasses.replace(shared, seeds=tuple(seeds[k] for k in members))
             sources = [inputs[k][0] for k in members]
             train_fused(
                 algorithm, sources, [stagings[k] for k in members], config=config, options=options
             )
-        for staging, final in zip(stagings, finals, strict=True):
-            final.parent.mkdir(parents=True, exist_ok=True)
-            replace_directory(staging, final)
-    except BaseException:
-        for staging in stagings:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
     return [
         _model_ref(_model_name(algorithm, a), f / "checkpoint.pt", _run_metrics(f, options))
         for a, f, (_, options) in zip(per_seed, finals, inputs, strict=True)
@@ -366,48 +353,22 @@ def diagnose_stage(
     return run_diagnostics(data, augmented, bc, models, config, out, seed, parts=parts)
 
 
-def publish_stage(
-    data: DatasetRef, augmented: AugmentedRef | None, config: Any, provenance: dict[str, Any]
-) -> dict[str, Any]:
-    """Publish original and/or augmented data as a Minari dataset."""
-    parts: list[Any] = []
-    if config.include in ("original", "both"):
-        parts.append(load_transitions(data.source))
-    if config.include in ("augmented", "both"):
-        if augmented is None:
-            raise ValueError("publish.include asks for augmented data but the run made none")
-        parts.append(ShardSet.open(augmented.directory))
-    published = publish_dataset(
-        parts,
-        config.dataset_id,
-        root=config.root,
-        data_format=config.format,
-        overwrite=config.overwrite,
-        provenance=provenance,
-    )
-    return {
-        "dataset_id": config.dataset_id,
-        "path": str(getattr(published, "path", "")),
-        "include": config.include,
-    }
-
-
 def report_stage(
     workflow: Workflow,
     names: tuple[str, ...],
     results: list[Any],
-    metrics_path: str,
-    report_path: str,
+    layout: RunLayout,
     index: RunIndex,
 ) -> dict[str, Any]:
     """Write ``metrics.json`` (:func:`offaug.pipeline.outcome.summary.summarise`) and
-    ``report.html`` from every result; ``index`` says which stage holds which run."""
+    ``report.html`` into the run directory from every result; ``index`` says which stage holds
+    which run."""
     metrics = summarise(workflow, dict(zip(names, results, strict=True)), index)
-    write_json_atomic(Path(metrics_path), metrics)
-    paths = [metrics_path]
+    write_json_atomic(layout.metrics, metrics)
+    paths = [str(layout.metrics)]
     try:
         from offaug.pipeline.report import write_report
     except ImportError:  # matplotlib is optional: metrics.json alone then
         return {"kind": "files", "paths": paths}
-    write_report(metrics, Path(report_path))
-    return {"kind": "files", "paths": [*paths, report_path]}
+    write_report(metrics, layout.report)
+    return {"kind": "files", "paths": [*paths, str(layout.report)]}

@@ -98,7 +98,7 @@ def _slug(text: str) -> str:
 
 
 def render_policy_stage(
-    data: DatasetRef, model: ModelRef, config: ReportModel, out_dir: str, seed: int
+    data: DatasetRef, model: ModelRef, config: ReportModel, out_dir: Path, seed: int
 ) -> dict[str, Any]:
     """Film ``model``'s evaluation episodes at evenly spaced return ranks into ``out_dir``.
 
@@ -144,7 +144,7 @@ def render_policy_stage(
             _clip(
                 episode.frames,
                 episode.fps,
-                Path(out_dir) / f"{_slug(model.name)}-{_slug(label)}.gif",
+                out_dir / f"{_slug(model.name)}-{_slug(label)}.gif",
                 label=label,
                 episode_return=episode.episode_return,
                 evaluation_return=float(recorded[index]) if recorded else None,
@@ -166,10 +166,11 @@ def render_data_stage(
     data: DatasetRef,
     augmented: AugmentedRef | None,
     config: ReportModel,
-    out_dir: str,
+    out: Path,
     seed: int,
 ) -> dict[str, Any]:
-    """Film original and augmented episodes at evenly spaced return ranks (see the module).
+    """Film original and augmented episodes at evenly spaced return ranks into ``out`` (see
+    the module).
 
     Returns:
         ``{"kind": "files", "paths", "original", "augmented", "seconds"}`` where each part is
@@ -181,7 +182,6 @@ def render_data_stage(
 
     started = time.perf_counter()
     options = _video_options(config)
-    out = Path(out_dir)
     try:
         make_render_env(data.meta, None, options).close()  # an env that cannot film says so
         if data.has_simulator_state:
@@ -207,13 +207,6 @@ def render_data_stage(
     }
 
 
-def _episode_returns(data: Transitions) -> npt.NDArray[np.float64]:
-    bounds = data.episode_bounds()
-    if len(data) == 0:
-        return np.zeros(0)
-    return np.add.reduceat(data.rewards.astype(np.float64), bounds[:-1])
-
-
 def _film_states(
     data: Transitions, config: ReportModel, options: Any, out: Path, seed: int
 ) -> dict[str, Any]:
@@ -227,7 +220,7 @@ def _film_states(
     clips = []
     try:
         env.reset(seed=seed)
-        for episode, label in return_ranks(_episode_returns(data), config.video_episodes):
+        for episode, label in return_ranks(data.episode_returns(), config.video_episodes):
             tic = time.perf_counter()
             start, stop = int(bounds[episode]), int(bounds[episode + 1])
             rows = np.arange(start, stop, options.frame_skip)[: options.max_frames]
@@ -272,7 +265,7 @@ def _film_replays(
         return {"unavailable": "the dataset records no simulator state to replay from"}
     qpos, qvel = (np.asarray(original.extras[f"infos/{key}"]) for key in SIMULATOR_STATE_KEYS)
     bounds = rollouts.episode_bounds()
-    picks = return_ranks(_episode_returns(rollouts), config.video_episodes)
+    picks = return_ranks(rollouts.episode_returns(), config.video_episodes)
     starts = {}
     for episode, _ in picks:
         first = np.asarray(rollouts.observations[bounds[episode]])

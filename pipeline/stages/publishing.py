@@ -3,8 +3,8 @@
 A run directory stands for its source dataset, its augmented shard set, or both in that order
 (``include``), and adds its workflow's name and hash to the provenance. Every part is recorded
 in the provenance: shard sets with their source and shard checksums, datasets with their path.
-The pipeline's own ``publish`` stage (:func:`offaug.pipeline.stages.learning.publish_stage`)
-publishes a run's data from its stage results instead.
+The pipeline's own ``publish`` stage (:func:`publish_stage`) publishes a run's data the same way,
+from its stage results.
 """
 
 from __future__ import annotations
@@ -21,10 +21,24 @@ from offaug.datasets import (
     publish_dataset,
     resolve_source,
 )
+from offaug.datasets.errors import DataError
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef
 from offaug.pipeline.rundir.files import is_run_directory, read_stage_records, read_workflow
+from offaug.pipeline.schema.run_sections import Include, PublishModel
 
-Include = Literal["original", "augmented", "both"]
+
+def run_data(include: Include, source: str, augmented: str | None) -> list[str]:
+    """A run's data to publish, in order: its source dataset and/or its augmented shard set.
+
+    Raises:
+        DataError: ``include`` asks for augmented data and the run made none.
+    """
+    parts = [source] if include in ("original", "both") else []
+    if include in ("augmented", "both"):
+        if augmented is None:
+            raise DataError("the run made no augmented data", field=f"include={include!r}")
+        parts.append(augmented)
+    return parts
 
 
 def expand_run_directories(
@@ -46,10 +60,14 @@ def expand_run_directories(
             expanded.append(source)
             continue
         records = read_stage_records(source)
-        if include in ("original", "both"):
-            expanded.append(records.result("source", DatasetRef).source)
-        if include in ("augmented", "both"):
-            expanded.append(records.result("rollout", AugmentedRef).directory)
+        augmented = None if include == "original" else records.result("rollout", AugmentedRef)
+        expanded.extend(
+            run_data(
+                include,
+                records.result("source", DatasetRef).source,
+                None if augmented is None else augmented.directory,
+            )
+        )
         workflow = read_workflow(source)
         if workflow is not None:
             provenance.update({"workflow": workflow.name, "workflow_hash": workflow.digest()})
@@ -130,3 +148,24 @@ def publish_sources(
         provenance={"sources": recorded, **extra, **(provenance or {})},
         card=card,
     )
+
+
+def publish_stage(
+    data: DatasetRef,
+    augmented: AugmentedRef | None,
+    config: PublishModel,
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``publish`` stage: a run's original and/or augmented data as a Minari dataset."""
+    sources = run_data(
+        config.include, data.source, None if augmented is None else augmented.directory
+    )
+    published = publish_sources(
+        sources,
+        config.dataset_id,
+        provenance=provenance,
+        root=config.root,
+        data_format=config.format,
+        overwrite=config.overwrite,
+    )
+    return {"dataset_id": config.dataset_id, "path": str(published.path), "include": config.include}

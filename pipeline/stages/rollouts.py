@@ -20,9 +20,8 @@ import numpy as np
 from offaug.datasets.shards import file_checksum
 from offaug.datasets.sources import load_transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
-from offaug.pipeline.rollouts.calibration import calibrate_noise
+from offaug.pipeline.rollouts.calibration import NoiseCalibration, calibrate_noise
 from offaug.pipeline.rollouts.data import sparsity, start_probabilities
-from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import (
     RolloutTask,
@@ -37,14 +36,14 @@ from offaug.pipeline.schema.sections import RolloutModel
 
 
 def _rollout_config(
-    data: DatasetRef, config: RolloutModel, seed: int, calibration: dict[str, Any] | None = None
+    data: DatasetRef, config: RolloutModel, seed: int, calibration: NoiseCalibration | None = None
 ) -> RolloutConfig:
     start = config.start if data.has_simulator_state else "reset"
     return RolloutConfig(
         episodes=config.episodes,
         simulator_steps=config.simulator_steps,
         n_envs=config.n_envs,
-        noise=config.noise if calibration is None else parse_noise(calibration["noise"]),
+        noise=config.noise if calibration is None else calibration.noise,
         seed=seed,
         max_weight=config.max_weight,
         start=start,
@@ -64,7 +63,7 @@ def rollout_tasks(
     out: str,
     seed: int,
     policy_model: ModelRef | None = None,
-    calibration: dict[str, Any] | None = None,
+    calibration: NoiseCalibration | None = None,
 ) -> list[RolloutTask]:
     """The rollout stage's tasks (references only), one shard each.
 
@@ -91,7 +90,7 @@ def rollout_shard(
     seed: int,
     task_index: int,
     policy_model: ModelRef | None = None,
-    calibration: dict[str, Any] | None = None,
+    calibration: NoiseCalibration | None = None,
 ) -> RolloutShard:
     """Task ``task_index`` of the rollout stage: roll out its episodes and write its shard."""
     tasks = rollout_tasks(data, bc, config, out, seed, policy_model, calibration)
@@ -107,7 +106,7 @@ def calibrate_noise_stage(
     out: str,
     seed: int,
     policy_model: ModelRef | None = None,
-) -> dict[str, Any]:
+) -> NoiseCalibration:
     """The noise every task of the rollout stage uses (``rollout.noise_calibration``), probed
     once on the first task's policy, env and filter (:func:`calibrate_noise`)."""
     if config.noise_calibration is None:
@@ -205,10 +204,7 @@ def model_rollout_task(
     )
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
-    bounds = out.episode_bounds()
-    returns = (
-        np.add.reduceat(out.rewards.astype(np.float64), bounds[:-1]) if len(out) else np.zeros(0)
-    )
+    returns = out.episode_returns()
     return RolloutShard(
         ref,
         dict(out.meta["weight_stats"]),
@@ -320,7 +316,7 @@ def merge_rollouts(
     results: list[RolloutShard],
     out: str,
     config: RolloutModel,
-    calibration: dict[str, Any] | None = None,
+    calibration: NoiseCalibration | None = None,
 ) -> AugmentedRef:
     """Write the augmented shard set's manifest over the finished tasks.
 
@@ -336,14 +332,15 @@ def merge_rollouts(
     the tasks' ``sample_seconds`` and ``sample_seconds_per_100k_samples``.
     """
     generated = config.backend == "diffusion"
-    noise = config.noise.text if calibration is None else str(calibration["noise"])
+    noise = (config.noise if calibration is None else calibration.noise).text
+    calibrated = None if calibration is None else calibration.to_json()
     params: dict[str, Any] = {"backend": config.backend, "tasks": config.tasks}
     if generated:
         params["diffusion"] = config.diffusion.model_dump(mode="json")
     else:
         params |= {
             "noise": noise,
-            "noise_calibration": calibration,
+            "noise_calibration": calibrated,
             "max_weight": config.max_weight,
             "episodes": config.episodes,
             "simulator_steps": config.simulator_steps,
@@ -359,7 +356,7 @@ def merge_rollouts(
     metrics: dict[str, Any] = {
         "policy": config.policy,
         "noise": noise,
-        "noise_calibration": calibration,
+        "noise_calibration": calibrated,
         "filter": {
             "kind": config.filter,
             "margin": config.filter_margin,

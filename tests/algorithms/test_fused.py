@@ -400,6 +400,34 @@ def test_fused_stage_returns_the_per_seed_stages_records(make_test_dataset, tmp_
     assert not list((tmp_path / "fused").glob(".*"))  # no staging directory left behind
 
 
+def test_a_fused_stage_where_fusing_does_not_pay_trains_its_seeds_one_by_one(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """``fuse_seeds: auto`` plans a fused stage when the workflow names no device; on a CPU
+    worker, where fusing CQL does not pay, the stage trains each seed as its per-seed stage
+    would: the same records, exactly."""
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    data = load_transitions(dataset)
+    ref = DatasetRef(dataset, len(data), data.num_episodes, "", False, dict(data.meta))
+    train_config = TrainModel(
+        algorithms=("cql",), steps=6, device="cpu", configs={"cql": SMALL["cql"]}
+    )
+    assert train_config.fuse_seeds == "auto"
+    evaluation = EvaluationModel(episodes=1)
+    outs = [str(tmp_path / "fused" / f"cql-{seed}") for seed in (0, 1)]
+    fused = train_offline_fused("cql", ref, None, train_config, evaluation, outs, [0, 1])
+    for seed, record in zip((0, 1), fused, strict=True):
+        single = train_offline(
+            "cql", ref, None, train_config, evaluation, str(tmp_path / f"cql-{seed}"), seed
+        )
+        timing = {"steps_per_s"}  # the one figure that is measured, not computed
+        train, reference = record.metrics["train"], single.metrics["train"]
+        assert {k: v for k, v in train.items() if k not in timing} == {
+            k: v for k, v in reference.items() if k not in timing
+        }
+        assert record.metrics["eval"]["returns"] == single.metrics["eval"]["returns"]
+
+
 def test_fused_stage_trains_each_seed_on_its_own_augmented_data(
     make_test_dataset, tmp_path: Path
 ) -> None:

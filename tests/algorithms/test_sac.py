@@ -400,3 +400,14 @@ def test_random_level_trains_nothing_and_refuses_to_overwrite(minari_root: Path)
             "test/pendulum-random-v0",
             root=minari_root,
         )
+
+
+def test_the_dataset_maker_refuses_episodes_for_a_sac_level(tmp_path: Path) -> None:
+    from offaug.algorithms.online.making import make_source_dataset
+
+    with pytest.raises(ValueError, match="steps, not episodes"):
+        make_source_dataset(
+            "Pendulum-v1", "test/pendulum-sac-v0", policy="sac", episodes=2, root=tmp_path
+        )
+    made = make_source_dataset("Pendulum-v1", "test/pendulum-random-v0", steps=50, root=tmp_path)
+    assert made.dataset_id == "test/pendulum-random-v0" and made.steps >= 50

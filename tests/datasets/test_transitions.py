@@ -28,6 +28,17 @@ def test_episode_bounds_and_iteration() -> None:
     assert [len(e) for e in data.iter_episodes()] == [3, 2, 1]
 
 
+def test_episode_returns_sum_each_episode_of_any_length() -> None:
+    data = _make()
+    rewards = np.asarray([1.0, 2.0, 3.0, np.nan, 5.0, 6.0], dtype=np.float32)
+    broken = data.with_columns(rewards=rewards)
+    np.testing.assert_array_equal(data.episode_returns(), [3.0, 2.0, 1.0])
+    np.testing.assert_array_equal(broken.episode_returns(finite=True), [6.0, 5.0, 6.0])
+    assert np.isnan(broken.episode_returns()[1])
+    np.testing.assert_array_equal(data.episode_sums(np.arange(6)), [3.0, 7.0, 5.0])
+    assert data.slice(0, 0).episode_returns().shape == (0,)
+
+
 @pytest.mark.parametrize(
     ("field", "value", "match"),
     [

@@ -151,8 +151,8 @@ def test_killing_a_worker_during_training_still_completes(
         assert killed
         metrics = json.loads((run_dir / "metrics.json").read_text())
         # The equal-steps plain arm: BC's 60 steps and the augmented arm's 3,000.
-        assert set(metrics["training"]) == {"bc-original", "bc-augmented", "bc-baseline[3060]"}
-        for name in ("bc-original", "bc-augmented"):
+        assert set(metrics["training"]) == {"bc-plain", "bc-augmented", "bc-baseline[3060]"}
+        for name in ("bc-plain", "bc-augmented"):
             assert (
                 load_checkpoint(run_dir / "models" / name / "checkpoint.pt").extra["step"] == 3000
             )

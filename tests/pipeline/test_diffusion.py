@@ -224,7 +224,7 @@ def test_the_plan_trains_a_denoiser_samples_in_tasks_and_merges(tmp_path: Path) 
     # No BC: nothing rolls a policy out, and diagnostics (which read one) are off.
     assert plan.names == [
         "source",
-        "train:td3bc-original",
+        "train:td3bc-plain",
         "denoiser",
         "rollout:0",
         "rollout:1",
@@ -232,6 +232,8 @@ def test_the_plan_trains_a_denoiser_samples_in_tasks_and_merges(tmp_path: Path) 
         "train:td3bc-augmented",
         # td3bc on the original data for the denoiser's 3,000 steps and the arm's 10,000.
         "train:td3bc-baseline[13000]",
+        "doctor",
+        "report",
     ]
     assert plan.stages["denoiser"].function is rollout_stages.train_denoiser_stage
     assert plan.stages["denoiser"].args[2] == str(tmp_path / "run" / "models" / "denoiser.pt")

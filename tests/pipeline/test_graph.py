@@ -26,6 +26,7 @@ import yaml
 
 from offaug.datasets import ShardSet
 from offaug.pipeline.engine.graph import run_workflow
+from offaug.pipeline.engine.stage_plan import Ref, StageSpec
 from offaug.pipeline.schema.workflow import Workflow
 
 BIN = Path(sys.executable).parent
@@ -167,7 +168,7 @@ def test_runs_through_a_scheduler_address_and_skips_on_rerun(
     assert len(shard_set.shards) == 4 and shard_set.episodes == 8
     metrics = json.loads((run_dir / "metrics.json").read_text())
     # bc again on the original data for the augmented arm's total: BC's 60 steps + its 40.
-    assert set(metrics["training"]) == {"bc-original", "bc-augmented", "bc-baseline[100]"}
+    assert set(metrics["training"]) == {"bc-plain", "bc-augmented", "bc-baseline[100]"}
     augmented = metrics["training"]["bc-augmented"]
     assert (augmented["steps"], augmented["own_steps"]) == (100, 40)
     assert augmented["simulator_steps"] == shard_set.rows  # no filter: every step is a row
@@ -191,12 +192,12 @@ def test_runs_through_a_scheduler_address_and_skips_on_rerun(
     # One parameter changes: only what depends on it runs again.
     noisier = _workflow(tmp_path, rollout={"noise": "gaussian:0.3"})
     third = run_workflow(noisier, run_dir, scheduler=cluster.address)
-    assert {"source", "bc", "train:bc-original"} <= set(third.skipped)
+    assert {"source", "bc", "train:bc-plain"} <= set(third.skipped)
     assert {"rollout", "train:bc-augmented", "rollout:0"} <= set(third.executed)
 
     forced = run_workflow(noisier, run_dir, scheduler=cluster.address, force=["bc"])
     assert "bc" in forced.executed and "rollout:1" in forced.executed
-    assert "source" in forced.skipped and "train:bc-original" in forced.skipped
+    assert "source" in forced.skipped and "train:bc-plain" in forced.skipped
 
 
 def test_a_corrupted_output_is_regenerated(cluster: Cluster, tmp_path: Path) -> None:
@@ -281,7 +282,7 @@ def test_a_second_run_on_a_held_directory_stops_at_once(
     assert first.wait(timeout=600) == 0, first_log.read_text()
     assert not lock.exists()
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert set(metrics["training"]) == {"bc-original", "bc-augmented"}
+    assert set(metrics["training"]) == {"bc-plain", "bc-augmented"}
 
 
 def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Path) -> None:
@@ -360,7 +361,8 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     keys, so ``offaug run`` on that file resumes a run started in-process; a changed value
     changes the key.
     """
-    from offaug.pipeline.rundir.keys import stage_key
+    from offaug.pipeline.engine.plan import plan_workflow
+    from offaug.pipeline.rundir.run_layout import RunLayout
 
     workflow = _workflow(
         tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 32}}}
@@ -372,10 +374,21 @@ def test_stage_keys_ignore_yaml_key_order_but_not_values(tmp_path: Path) -> None
     changed = _workflow(tmp_path, train={"configs": {"bc": {"hidden": [16, 16], "batch_size": 33}}})
 
     def key(w: Workflow) -> str:
-        return stage_key("train:bc-original", {"train": w.train, "evaluation": w.evaluation}, [])
+        return plan_workflow(w, RunLayout(tmp_path / "run"), 1).keys["train:bc-plain"]
 
     assert key(reloaded) == key(workflow)
     assert key(changed) != key(workflow)
+
+
+def _sleep_stage(name: str, seconds: float, after: str | None = None) -> StageSpec:
+    """A stage that sleeps ``seconds``, once the stage ``after`` (if any) has finished."""
+
+    # Defined here, not at the top level: cloudpickle then ships it by value, and the workers
+    # need not import this test module.
+    def sleep(seconds: float, *_after: Any) -> None:
+        time.sleep(seconds)
+
+    return StageSpec(name, sleep, {"seconds": seconds}, (seconds, *([Ref(after)] if after else [])))
 
 
 def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_path: Path) -> None:
@@ -397,10 +410,13 @@ def test_a_ready_stage_goes_to_the_worker_that_frees_up(cluster: Cluster, tmp_pa
         lambda stage, event, _: events.append((stage, event)),
         1,
     )
-    graph.stage("long", time.sleep, {"seconds": 1.5}, [], 1.5)
-    graph.stage("short", time.sleep, {"seconds": 0.1}, [], 0.1)
-    graph.stage("first", time.sleep, {"seconds": 2.0}, ["short"], 2.0)
-    graph.stage("second", time.sleep, {"seconds": 0.5}, ["short"], 0.5)
+    for spec in (
+        _sleep_stage("long", 1.5),
+        _sleep_stage("short", 0.1),
+        _sleep_stage("first", 2.0, after="short"),
+        _sleep_stage("second", 0.5, after="short"),
+    ):
+        graph.add(spec, spec.name)
     graph.run()
 
     workers = {n: r["worker"] for n, r in json.loads(layout.stages.read_text())["stages"].items()}
@@ -444,8 +460,8 @@ def test_threads_busy_with_another_clients_work_are_not_counted_free(
             time.sleep(0.05)
         occupied = next(w for w, keys in other.processing().items() if keys)
         graph = StageScheduler(cluster.client, StageRecords(layout), (), lambda *_: None, 1)
-        graph.stage("a", time.sleep, {"seconds": 0.3}, [], 0.3)
-        graph.stage("b", time.sleep, {"seconds": 0.3}, [], 0.3)
+        for spec in (_sleep_stage("a", 0.3), _sleep_stage("b", 0.3)):
+            graph.add(spec, spec.name)
         started = time.perf_counter()
         graph.run()
         elapsed = time.perf_counter() - started
@@ -483,8 +499,8 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
         "rollout",
         "rollout:0@s1",
         "rollout@s1",
-        "train:bc-original",
-        "train:bc-original@s1",
+        "train:bc-plain",
+        "train:bc-plain@s1",
         "train:bc-augmented",
         "train:bc-augmented@s1",
         "train:bc-mixed",
@@ -506,7 +522,7 @@ def test_seeds_and_recipes_run_as_planned_and_give_a_verdict(
     assert (entry["learner"], entry["recipe"], entry["seed"]) == ("bc", "mixed", 1)
     assert set(metrics["training"]) == {
         f"bc-{recipe}{suffix}"
-        for recipe in ("original", "augmented", "mixed", "baseline[100]")
+        for recipe in ("plain", "augmented", "mixed", "baseline[100]")
         for suffix in ("", "@s1")
     }
     verdicts = {v["recipe"]: v for v in metrics["verdict"]}
@@ -545,16 +561,14 @@ def test_fused_seeds_match_one_stage_per_seed(cluster: Cluster, tmp_path: Path) 
     run_dir = tmp_path / "run"
     fused = run_workflow(fused_workflow, run_dir, scheduler=cluster.address)
     assert {
-        "fused:td3bc-original",
+        "fused:td3bc-plain",
         "fused:td3bc-augmented",
         "fused:td3bc-baseline[100]",
     } <= set(fused.executed)
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
     assert stages["fused:td3bc-augmented"]["inputs"] == ["source", "rollout", "rollout@s1"]
     assert stages["train:td3bc-augmented@s1"]["inputs"] == ["fused:td3bc-augmented"]
-    labels = [
-        f"td3bc-{r}{s}" for r in ("original", "augmented", "baseline[100]") for s in ("", "@s1")
-    ]
+    labels = [f"td3bc-{r}{s}" for r in ("plain", "augmented", "baseline[100]") for s in ("", "@s1")]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert set(metrics["training"]) == set(labels)
     assert {e["seed"] for e in metrics["training"].values()} == {0, 1}
@@ -568,7 +582,7 @@ def test_fused_seeds_match_one_stage_per_seed(cluster: Cluster, tmp_path: Path) 
         fused_workflow, run_dir, scheduler=cluster.address, force=["train:td3bc-augmented@s1"]
     )
     assert {"fused:td3bc-augmented", "train:td3bc-augmented"} <= set(forced.executed)
-    assert "fused:td3bc-original" in forced.skipped
+    assert "fused:td3bc-plain" in forced.skipped
 
     apart_train = {**train, "fuse_seeds": False}
     apart = run_workflow(
@@ -603,7 +617,7 @@ def test_rollout_rounds_run_on_workers_and_score_the_last_policy(
     run_dir = tmp_path / "run"
     result = run_workflow(workflow, run_dir, scheduler=cluster.address)
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
-    assert {"train:td3bc-original", "rollout[round1]", "train:td3bc-augmented.round1"} <= set(
+    assert {"train:td3bc-plain", "rollout[round1]", "train:td3bc-augmented.round1"} <= set(
         result.executed
     )
     assert stages["train:td3bc-augmented.round1"]["inputs"] == ["source", "rollout[round1]"]
@@ -614,9 +628,9 @@ def test_rollout_rounds_run_on_workers_and_score_the_last_policy(
     # Only the recipe's learner is a run of the recipe; the retrained policy is not. bc's
     # equal-steps plain run: BC 60 + td3bc's plain 40 + the retrained td3bc 40 + bc's own 40.
     assert set(metrics["training"]) == {
-        "bc-original",
+        "bc-plain",
         "bc-augmented",
-        "td3bc-original",
+        "td3bc-plain",
         "bc-baseline[180]",
     }
     assert metrics["training"]["bc-augmented"]["steps"] == 180
@@ -653,7 +667,7 @@ def test_mobile_model_rollouts_run_on_workers_with_the_learners_critics(
     run_dir = tmp_path / "run"
     run_workflow(workflow, run_dir, scheduler=cluster.address)
     stages = json.loads((run_dir / "stages.json").read_text())["stages"]
-    assert stages["rollout:0"]["inputs"] == ["source", "bc", "train:td3bc-original", "dynamics"]
+    assert stages["rollout:0"]["inputs"] == ["source", "bc", "dynamics", "train:td3bc-plain"]
     shards = ShardSet.open(run_dir / "shards" / "augmented")
     rows = shards.load()
     assert len(rows) > 0 and rows.meta["penalty"] == "mobile"

@@ -50,7 +50,7 @@ def trained(
     bc = stages.train_bc(data, BCConfigModel(steps=20, hidden=(16, 16)), str(root / "bc"), 0)
     train = TrainModel(algorithms=("bc",), steps=20, configs={"bc": {"hidden": [16, 16]}})
     model = stages.train_offline(
-        "bc", data, None, train, EvaluationModel(episodes=3), str(root / "bc-original"), 0
+        "bc", data, None, train, EvaluationModel(episodes=3), str(root / "bc-plain"), 0
     )
     rollout = RolloutModel(episodes=3, tasks=1, n_envs=3, start="dataset", noise="gaussian:0.2")
     shards = str(root / "augmented")
@@ -71,7 +71,7 @@ def test_policy_films_are_its_best_and_worst_evaluation_episodes(
     opengl: str, trained: Any, tmp_path: Path
 ) -> None:
     data, model, _ = trained
-    record = render_policy_stage(data, model, FILMS, str(tmp_path / "videos"), 0)
+    record = render_policy_stage(data, model, FILMS, tmp_path / "videos", 0)
     recorded = model.metrics["eval"]["returns"]
     assert [c["label"] for c in record["clips"]] == ["best", "worst"]
     best, worst = record["clips"]
@@ -90,7 +90,7 @@ def test_data_films_show_recorded_states_and_exact_replays(
     opengl: str, trained: Any, tmp_path: Path
 ) -> None:
     data, _, augmented = trained
-    record = render_data_stage(data, augmented, FILMS, str(tmp_path / "videos"), 0)
+    record = render_data_stage(data, augmented, FILMS, tmp_path / "videos", 0)
     original, rollouts = record["original"], record["augmented"]
     assert "set_state" in original["method"] and len(original["clips"]) == 2
     assert original["clips"][0]["episode_return"] >= original["clips"][1]["episode_return"]
@@ -101,9 +101,7 @@ def test_data_films_show_recorded_states_and_exact_replays(
         frames = iio.imread(clip["path"], index=None)
         assert frames.std() > 5 and frames.shape[1:] == (48, 64, 3)
     assert len(record["paths"]) == 4 and all(Path(p).is_file() for p in record["paths"])
-    metrics = media_metrics(
-        {"video:data": record, "video:bc-original": {"unavailable": "x"}}, FILMS
-    )
+    metrics = media_metrics({"video:data": record, "video:bc-plain": {"unavailable": "x"}}, FILMS)
     assert metrics["videos"]["data"] is record and metrics["videos"]["max_report_mb"] == 20
 
 
@@ -111,7 +109,7 @@ def test_an_env_that_cannot_render_gives_an_unavailable_record(
     make_test_dataset: Any, tmp_path: Path
 ) -> None:
     data = stages.prepare_source(SourceConfig(dataset=make_test_dataset("point").dataset_id))
-    record = render_data_stage(data, None, FILMS, str(tmp_path), 0)
+    record = render_data_stage(data, None, FILMS, tmp_path, 0)
     assert set(record) == {"unavailable"} and "rgb_array" in record["unavailable"]
 
 

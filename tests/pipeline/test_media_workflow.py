@@ -38,7 +38,7 @@ def test_a_run_with_videos_embeds_animations_and_the_doctor(
     run_dir = tmp_path / "run"
     first = run_workflow(workflow, run_dir, scheduler=cluster.address)
     # Every trained policy is filmed, the equal-steps plain arm (BC's 60 steps + 40) too.
-    policies = {"bc-original", "bc-augmented", "bc-baseline[100]"}
+    policies = {"bc-plain", "bc-augmented", "bc-baseline[100]"}
     media = {*(f"video:{p}" for p in policies), "video:data", "doctor"}
     assert media <= set(first.executed)
     metrics = json.loads((run_dir / "metrics.json").read_text())

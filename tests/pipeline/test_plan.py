@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from offaug.pipeline.engine.plan import plan_workflow
-from offaug.pipeline.engine.scheduler import Ref
-from offaug.pipeline.engine.stage_plan import Plan
+from offaug.pipeline.engine.stage_plan import Plan, Ref, RefList, StageSpec
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.validation import WorkflowError
 from offaug.pipeline.schema.workflow import Workflow, load_workflow
@@ -37,8 +36,8 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
     plan = _plan(_workflow(), tmp_path)
     assert plan.names == [
         "source",
-        "train:cql-original",
-        "train:bcq-original",
+        "train:cql-plain",
+        "train:bcq-plain",
         "bc",
         "rollout:0",
         "rollout:1",
@@ -48,18 +47,20 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
         # The plain learners again at the augmented arms' total: BC's 20,000 + 10,000 steps.
         "train:cql-baseline[30000]",
         "train:bcq-baseline[30000]",
-        "diagnose:cql-original",
-        "diagnose:bcq-original",
+        "diagnose:cql-plain",
+        "diagnose:bcq-plain",
         "diagnose:cql-augmented",
         "diagnose:bcq-augmented",
         "diagnose",
+        "doctor",
+        "report",
     ]
     spec = plan.stages["train:cql-augmented"]
     assert spec.inputs == ("source", "rollout")
     assert spec.args[5] == str(tmp_path / "run" / "models" / "cql-augmented")
     assert plan.stages["rollout"].args[1] == str(tmp_path / "run" / "shards" / "augmented")
     runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
-    assert runs[("cql", "original", 0)] == "train:cql-original"
+    assert runs[("cql", "plain", 0)] == "train:cql-plain"
     assert runs[("bcq", "augmented", 0)] == "train:bcq-augmented"
 
 
@@ -98,13 +99,13 @@ def test_seeds_times_a_grid_shares_what_is_equal(tmp_path: Path) -> None:
     # gradient steps (one total: they share BC and train.steps).
     trains = [n for n in names if n.startswith("train:")]
     assert len(trains) == 4 * 2 * 2 + 2 * 2 + 2 * 2
-    assert "train:cql-original@s1" in trains
+    assert "train:cql-plain@s1" in trains
     assert "train:bcq-noise=gaussian:0.3,mixing=[0.7,0.3]@s1" in trains
     mixed = plan.stages["train:cql-noise=gaussian:0.1,mixing=[0.7,0.3]@s1"]
     assert mixed.inputs == ("source", "rollout[noise=gaussian:0.1,mixing=[0.5,0.5]]@s1")
     assert mixed.args[6] == 1  # the seed
     # Seeds differ in what they compute, not only in their names.
-    assert plan.identities["bc"] != plan.identities["bc@s1"]
+    assert plan.keys["bc"] != plan.keys["bc@s1"]
     runs = plan.index["runs"]
     assert len(runs) == len(trains) and {r["seed"] for r in runs} == {0, 1}
     rollouts = plan.index["recipes"]["noise=gaussian:0.1,mixing=[0.7,0.3]"]["rollout"]
@@ -133,13 +134,13 @@ def test_recipes_share_bc_and_rollouts_unless_they_change_them(tmp_path: Path) -
     assert plan.stages["rollout[clone-more]:0"].inputs == ("source", "bc[clone-more]")
     assert plan.stages["train:cql-longer"].args[3].steps == 20_000
     # The plain baselines are trained once, with the workflow's own train section.
-    assert [n for n in plan.names if n.endswith("-original")] == [
-        "train:cql-original",
-        "train:bcq-original",
-        "diagnose:cql-original",
-        "diagnose:bcq-original",
-        "diagnose[clone-more]:cql-original",  # judged against that recipe's own beta_hat
-        "diagnose[clone-more]:bcq-original",
+    assert [n for n in plan.names if n.endswith("-plain")] == [
+        "train:cql-plain",
+        "train:bcq-plain",
+        "diagnose:cql-plain",
+        "diagnose:bcq-plain",
+        "diagnose[clone-more]:cql-plain",  # judged against that recipe's own beta_hat
+        "diagnose[clone-more]:bcq-plain",
     ]
     assert {"diagnose", "diagnose[longer]", "diagnose[clone-more]", "diagnose[wide]"} <= set(
         plan.names
@@ -163,7 +164,7 @@ def test_recipe_and_grid_problems_name_the_field_and_line(tmp_path: Path) -> Non
         "  narrow:\n"
         "    rollout:\n"
         "      episods: 10\n"
-        "  original: {}\n"
+        "  plain: {}\n"
         "  cautious:\n"
         "    train:\n"
         "      configs: {cql: {hiden: [8]}}\n"
@@ -181,7 +182,7 @@ def test_recipe_and_grid_problems_name_the_field_and_line(tmp_path: Path) -> Non
         and "episodes" in line
         for line in lines
     ), lines
-    assert any(line.startswith(f"{path}:7: recipes.original: ") for line in lines), lines
+    assert any(line.startswith(f"{path}:7: recipes.plain: ") for line in lines), lines
     assert any(
         line.startswith(f"{path}:10: recipes.cautious.train.configs.cql.hiden: unknown CQLConfig")
         for line in lines
@@ -222,7 +223,7 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     plan = _plan(_workflow(train=cpu, **sections), tmp_path)
     fused = [n for n in plan.names if n.startswith("fused:")]
     assert fused == [
-        "fused:td3bc-original",
+        "fused:td3bc-plain",
         "fused:td3bc-augmented",
         "fused:td3bc-baseline[30000]",
     ]
@@ -240,7 +241,7 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     runs = {(r["learner"], r["recipe"], r["seed"]): r["stage"] for r in plan.index["runs"]}
     assert len(runs) == 2 * 4 * 2  # (plain, equal-steps plain, 2 recipes) x learners x seeds
     assert runs[("td3bc", "augmented", 1)] == "train:td3bc-augmented@s1"
-    assert runs[("td3bc", "original", 0)] == "train:td3bc-original"
+    assert runs[("td3bc", "plain", 0)] == "train:td3bc-plain"
 
     for device, fuse_seeds in (("cpu", True), ("cuda", "auto")):
         train = {"algorithms": ["td3bc", "bcq"], "device": device, "fuse_seeds": fuse_seeds}
@@ -268,7 +269,7 @@ def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
     plan = _plan(workflow, tmp_path)
     stages = plan.stages
     # Round 1 rolls out td3bc's plain run, the same stages as the recipe without rounds.
-    assert stages["rollout[once]:0"].inputs == ("source", "bc", "train:td3bc-original")
+    assert stages["rollout[once]:0"].inputs == ("source", "bc", "train:td3bc-plain")
     assert "rollout[twice.round1]" not in plan.names
     # Round 2 rolls out td3bc retrained on the original data and round 1's rollouts, with the
     # recipe's train settings; round 3 (the last) keeps the recipe's own names.
@@ -285,8 +286,8 @@ def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
     # plain cql again for each recipe's total: BC, td3bc's plain run, the retrained policies of
     # the earlier rounds and cql's own, 10,000 steps each but BC's 20,000.
     assert {(r["learner"], r["recipe"]) for r in plan.index["runs"]} == {
-        ("cql", "original"),
-        ("td3bc", "original"),
+        ("cql", "plain"),
+        ("td3bc", "plain"),
         ("cql", "once"),
         ("cql", "twice"),
         ("cql", "baseline[40000]"),
@@ -346,7 +347,7 @@ def test_the_equal_steps_plain_arm_trains_for_a_bc_rolled_out_arms_total(tmp_pat
     assert runs["cql", "longer", 0]["steps"] == 3000 + 700
     for learner in ("cql", "bcq"):
         for seed in (0, 1):
-            assert runs[learner, "original", seed]["steps"] == 500
+            assert runs[learner, "plain", seed]["steps"] == 500
             for total in (3500, 3700):
                 plain = runs[learner, f"baseline[{total}]", seed]
                 assert plain["steps"] == plain["own_steps"] == total
@@ -380,14 +381,14 @@ def test_a_learner_rolled_out_for_policy_steps_counts_them(tmp_path: Path) -> No
     assert plan.stages[continued["stage"]].inputs == (
         "source",
         "rollout[scratch]",
-        "train:cql-original",
+        "train:cql-plain",
     )
-    assert plan.stages[continued["stage"]].args[-1] == Ref("train:cql-original")
+    assert plan.stages[continued["stage"]].args[-1] == Ref("train:cql-plain")
     assert continued["steps"] == 3000 + 2000 + 500 + 500
     assert runs["cql", "baseline[5500]", 0]["steps"] == 5500
     assert runs["cql", "baseline[6000]", 0]["steps"] == 6000
     # The plain run keeps train.init at scratch; a BC rollout has no policy_steps.
-    assert plan.stages["train:cql-original"].args[3].init == "scratch"
+    assert plan.stages["train:cql-plain"].args[3].init == "scratch"
     with pytest.raises(ValueError, match="policy_steps is the budget of a learner"):
         _workflow(rollout={"policy_steps": 100})
 
@@ -422,3 +423,39 @@ def test_a_learners_unweighted_rollouts_leave_the_bc_clones_steps_out(tmp_path: 
         "baseline[1000]",
         "baseline[4000]",
     }
+
+
+def test_media_doctor_and_report_are_planned_after_what_they_read(tmp_path: Path) -> None:
+    """The planner plans every stage, the report's too: videos of the primary seed's policies and
+    of its first augmented set, the doctor on that set, and the report on every other stage."""
+    plan = _plan(_workflow(seeds=[0, 1], report={"videos": True}), tmp_path)
+    # The equal-steps plain arms are planned last, and filmed too.
+    assert plan.names[-6:] == [
+        "video:bcq-augmented",
+        "video:cql-baseline[30000]",
+        "video:bcq-baseline[30000]",
+        "video:data",
+        "doctor",
+        "report",
+    ]
+    assert plan.stages["video:cql-plain"].inputs == ("source", "train:cql-plain")
+    assert "video:cql-plain@s1" not in plan.names
+    assert plan.stages["video:data"].inputs == ("source", "rollout")
+    assert plan.stages["doctor"].inputs == ("source", "rollout")
+    assert plan.stages["report"].inputs == tuple(plan.names[:-1])
+    assert tmp_path / "run" / "videos" in plan.stages["video:data"].args
+
+
+def test_a_stage_s_inputs_are_the_stages_its_arguments_name() -> None:
+    plan = Plan()
+    plan.add(StageSpec("a", print, {}, ()))
+    plan.add(StageSpec("b", print, {"b": 1}, ()))
+    both = StageSpec("both", print, {}, (Ref("b"), 1, RefList(("a", "b"))))
+    assert both.inputs == ("b", "a")
+    plan.add(both)
+    # Equal function, config and inputs: the same stage, under the first name; other inputs (or
+    # the same in another order) make another stage.
+    assert plan.add(StageSpec("twice", print, {}, (Ref("b"), RefList(("a",))))) == "both"
+    assert plan.add(StageSpec("swapped", print, {}, (RefList(("a", "b")),))) == "swapped"
+    with pytest.raises(KeyError, match="not planned before it"):
+        plan.add(StageSpec("early", print, {}, (Ref("later"),)))

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from offaug.datasets import load_transitions
 from offaug.datasets.shards import read_shard
 from offaug.pipeline.contracts import ModelRef
+from offaug.pipeline.rundir.keys import from_json, to_json
 from offaug.pipeline.schema.run_sections import EvaluationModel
 from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig, TrainModel
 from offaug.pipeline.stages import learning as stages
@@ -55,8 +56,7 @@ def test_bc_reports_its_own_score_and_the_datas(pendulum_bc) -> None:
     evaluation = bc.metrics["eval"]
     assert len(evaluation["returns"]) == 2 and np.isfinite(evaluation["return"])
     transitions = load_transitions(data.source)
-    bounds = transitions.episode_bounds()
-    returns = np.add.reduceat(transitions.rewards.astype(np.float64), bounds[:-1])
+    returns = transitions.episode_returns()
     assert bc.metrics["data"]["return"] == pytest.approx(float(returns.mean()))
     assert bc.metrics["data"]["episodes"] == data.episodes
     assert "normalised_score" in bc.metrics["data"]
@@ -127,7 +127,7 @@ def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
         noise_calibration={"scales": [3.0, 0.3, 0.03], "episodes": 8, "keep": 1.0},  # type: ignore[arg-type]
     )
     calibration = rollout_stages.calibrate_noise_stage(data, bc, config, str(out), 3)
-    trials = calibration["trials"]
+    trials = list(calibration.trials)
     assert [t["noise"] for t in trials] == ["gaussian:3", "gaussian:0.3", "gaussian:0.03"][
         : len(trials)
     ]
@@ -136,7 +136,9 @@ def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
     passed = [t["kept"] == 8 for t in trials]
     assert passed[:-1] == [False] * (len(trials) - 1)
     assert passed[-1] or len(trials) == 3
-    assert calibration["noise"] == trials[-1]["noise"]
+    assert calibration.noise.text == trials[-1]["noise"]
+    # A stage result: it survives stages.json's codec as it is.
+    assert from_json(json.loads(json.dumps(to_json(calibration)))) == calibration
     assert not list(tmp_path.glob(".calibrate-*"))  # the probes leave nothing behind
     # Asking for no more kept episodes than the first noise kept stops there: the same probe.
     assert config.noise_calibration is not None and trials[0]["kept"] > 0
@@ -145,19 +147,19 @@ def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
         update={"noise_calibration": config.noise_calibration.model_copy(update={"keep": keep})}
     )
     first = rollout_stages.calibrate_noise_stage(data, bc, lenient, str(out), 3)
-    assert first["trials"] == trials[:1] and first["noise"] == "gaussian:3"
+    assert list(first.trials) == trials[:1] and first.noise.text == "gaussian:3"
     # Every task rolls out with the chosen noise, and the manifest says which and why.
     tasks = rollout_stages.rollout_tasks(data, bc, config, str(out), 3, calibration=calibration)
-    assert {t.config.noise.text for t in tasks} == {calibration["noise"]}
+    assert {t.config.noise for t in tasks} == {calibration.noise}
     shards = [
         rollout_stages.rollout_shard(data, bc, config, str(out), 3, i, None, calibration)
         for i in (0, 1)
     ]
     augmented = rollout_stages.merge_rollouts(shards, str(out), config, calibration)
-    assert augmented.metrics["noise"] == calibration["noise"]
-    assert augmented.metrics["noise_calibration"] == calibration
+    assert augmented.metrics["noise"] == calibration.noise.text
+    assert augmented.metrics["noise_calibration"] == calibration.to_json()
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["params"]["noise"] == calibration["noise"]
+    assert manifest["params"]["noise"] == calibration.noise.text
     assert manifest["params"]["noise_calibration"]["trials"] == trials
 
 

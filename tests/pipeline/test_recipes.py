@@ -20,8 +20,9 @@ import pytest
 from offaug.algorithms.evaluate import make_env
 from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
 from offaug.datasets import ShardSet, load_transitions
+from offaug.datasets.action_box import ActionBox
 from offaug.datasets.generate import collect_episodes
-from offaug.pipeline.rollouts.behaviour import ActionBox, CentredPolicy
+from offaug.pipeline.rollouts.behaviour import CentredPolicy
 from offaug.pipeline.rollouts.data import (
     RESET_START,
     EpisodeFilter,

@@ -78,11 +78,6 @@ def _noiseless_return(
     return total
 
 
-def _episode_returns(data: Transitions) -> npt.NDArray[np.float64]:
-    bounds = data.episode_bounds()
-    return np.asarray(np.add.reduceat(data.rewards.astype(np.float64), bounds[:-1]))
-
-
 def _records(outcome: Any) -> list[FilterRecord]:
     records = [task.filter_record for task in outcome.tasks]
     assert all(record is not None for record in records)
@@ -121,7 +116,7 @@ def test_self_improvement_keeps_only_episodes_that_beat_the_noiseless_policy(
     # Each reset seed is its own start, so the references differ.
     assert len({round(r, 3) for record in records for r in record.references}) > 1
     # The shard set holds exactly the kept episodes, each better than its own reference.
-    returns = _episode_returns(outcome.shard_set.load())
+    returns = outcome.shard_set.load().episode_returns()
     np.testing.assert_allclose(returns, kept_scores, rtol=1e-6)
     assert all(r > ref - 1e-3 for r, ref in zip(returns, kept_references, strict=True))
     counts = outcome.shard_set.params["filter_counts"]

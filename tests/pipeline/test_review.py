@@ -33,7 +33,7 @@ from tests.pipeline.point_policies import PointPolicies, make_run
 def reviewed(
     point_policies: PointPolicies, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, ReviewResult]:
-    stages = {"bc": "still", "train:bc-original": "toward", "train:bc-augmented": "away"}
+    stages = {"bc": "still", "train:bc-plain": "toward", "train:bc-augmented": "away"}
     models = {stage: point_policies.checkpoints[name] for stage, name in stages.items()}
     run = make_run(point_policies.data, models, tmp_path_factory.mktemp("run"))
     return run, review_run(run, ReviewOptions(starts=2, top=2))
@@ -159,7 +159,7 @@ def test_mujoco_candidates_are_animated(make_test_dataset, tmp_path: Path) -> No
     config = {"policy": "gaussian", "hidden": (8, 8)}
     models = {
         stage: Path(checkpoint("bc", data, tmp_path / name / "checkpoint.pt", config).path)
-        for stage, name in (("bc", "bc"), ("train:bc-original", "bc-original"))
+        for stage, name in (("bc", "bc"), ("train:bc-plain", "bc-plain"))
     }
     run = make_run(data, models, tmp_path / "run")
     result = review_run(run, ReviewOptions(starts=1, top=2))

@@ -20,7 +20,7 @@ def test_stage_records_decode_to_their_types(tmp_path: Path) -> None:
     model = ModelRef("bc", str(tmp_path / "bc.pt"), "x", {"train": {}})
     records = StageRecords(layout)
     records.record("source", "k1", source, 1.0, None, [])
-    records.record("train:bc-original", "k2", model, 2.0, "tcp://w", ["source"])
+    records.record("train:bc-plain", "k2", model, 2.0, "tcp://w", ["source"])
     read = read_stage_records(tmp_path)
     assert read.result("source", DatasetRef) == source
     assert read.results("train:", ModelRef) == [model]

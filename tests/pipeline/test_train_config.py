@@ -10,16 +10,19 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
-from offaug.algorithms.training import weighting
+from offaug.algorithms import registry
+from offaug.algorithms.names import LEARNERS, OFFLINE_LEARNERS, WEIGHTINGS
 from offaug.algorithms.training.loop import TrainOptions, train
+from offaug.cli import app
 from offaug.datasets.shards import file_checksum
 from offaug.pipeline.contracts import AugmentedRef
 from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 from offaug.pipeline.schema.run_sections import EvaluationModel
-from offaug.pipeline.schema.sections import SourceConfig, TrainModel, Weighting
+from offaug.pipeline.schema.sections import SourceConfig, TrainModel
 from offaug.pipeline.schema.validation import WorkflowError
 from offaug.pipeline.schema.workflow import load_workflow
 from offaug.pipeline.stages import learning as stages
@@ -32,8 +35,13 @@ def _write(tmp_path: Path, train_section: dict[str, Any]) -> Path:
     return path
 
 
-def test_the_schema_offers_the_learners_weightings() -> None:
-    assert typing.get_args(Weighting) == typing.get_args(weighting.Weighting)
+def test_the_schema_the_registry_and_the_cli_read_one_list_of_names() -> None:
+    assert set(registry.ALGORITHMS) == set(LEARNERS)
+    train = TrainModel.model_fields
+    assert typing.get_args(train["weighting"].annotation) == WEIGHTINGS
+    assert typing.get_args(typing.get_args(train["algorithms"].annotation)[0]) == OFFLINE_LEARNERS
+    help_text = CliRunner().invoke(app, ["train", "--help"], terminal_width=200).output
+    assert all(name in help_text for name in (*LEARNERS, *WEIGHTINGS))
 
 
 @pytest.mark.parametrize(

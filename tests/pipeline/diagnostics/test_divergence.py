@@ -9,6 +9,7 @@ import pytest
 
 from offaug.pipeline import diagnostics as diag
 from offaug.pipeline.diagnostics.policy_models import _rollout_divergence
+from offaug.pipeline.rollouts.noise import parse_noise
 
 
 def _known_behaviour(sigma: float) -> diag.BehaviourModel:
@@ -33,7 +34,7 @@ def test_divergence_of_the_behaviour_mean_and_of_noisy_rollouts() -> None:
     assert entry["nll"] == pytest.approx(expected, rel=1e-6)
     assert entry["action_distance"] == pytest.approx(np.linalg.norm([0.1, 0.1]), rel=0.05)
     # A rollout with exactly beta_hat's noise has KL 0; a wider one has a positive KL.
-    same = _rollout_divergence(behaviour, states, dataset_actions, "gaussian:0.3", rng)
+    same = _rollout_divergence(behaviour, states, dataset_actions, parse_noise("gaussian:0.3"), rng)
     assert same["kl_monte_carlo"] == pytest.approx(0.0, abs=1e-9)
-    wide = _rollout_divergence(behaviour, states, dataset_actions, "gaussian:0.9", rng)
+    wide = _rollout_divergence(behaviour, states, dataset_actions, parse_noise("gaussian:0.9"), rng)
     assert wide["kl_monte_carlo"] > 0.1

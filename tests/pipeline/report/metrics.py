@@ -79,9 +79,9 @@ def full_metrics() -> dict[str, Any]:
     return diag.jsonable(
         {
             "training": {
-                "cql-original": {"return": 100.0, "normalised_score": 10.0},
+                "cql-plain": {"return": 100.0, "normalised_score": 10.0},
                 "cql-augmented": {"return": 120.5, "normalised_score": 12.0},
-                "bcq-original": {"return": 90.0, "normalised_score": None},
+                "bcq-plain": {"return": 90.0, "normalised_score": None},
             },
             "weights": {"n": 80, "ess_fraction": 0.4},
             "diagnostics": diagnostics,

@@ -75,7 +75,7 @@ def test_the_animation_plays_in_headless_chromium(tmp_path: Path) -> None:
     if chromium is None:
         pytest.skip("chromium is not on PATH (CI installs Debian's chromium package)")
     clip = _clip(tmp_path / "square.gif", _moving_square(16), 10.0, "best")
-    page = write_report({"videos": _videos({"bc-original": [clip]})}, tmp_path / "r.html")
+    page = write_report({"videos": _videos({"bc-plain": [clip]})}, tmp_path / "r.html")
     assert '<img src="data:image/gif;base64,' in page.read_text(encoding="utf-8")
     browser = Browser(chromium, tmp_path / "profile", page)
     try:
@@ -95,7 +95,7 @@ def test_the_animation_plays_in_headless_chromium(tmp_path: Path) -> None:
 def test_without_opengl_the_report_says_so_in_one_line() -> None:
     reason = "no offscreen OpenGL for MuJoCo (egl: ...); install Mesa's EGL or OSMesa"
     videos = {
-        "policies": {"bc-original": {"policy": "bc-original", "unavailable": reason}},
+        "policies": {"bc-plain": {"policy": "bc-plain", "unavailable": reason}},
         "data": {"unavailable": reason},
         "max_report_mb": 20,
     }
@@ -115,15 +115,15 @@ def test_the_size_bound_drops_frames_then_episodes_and_says_so(tmp_path: Path) -
     base = len(render_html({"videos": _videos({})}).encode())
     # Room for the small clip and about half of the large one.
     limit = base + small["bytes"] * 4 // 3 + large["bytes"] * 2 // 3 + 4000
-    videos = _videos({"bc-original": [small, large]}, mb=limit / 1e6)
+    videos = _videos({"bc-plain": [small, large]}, mb=limit / 1e6)
     report = write_report({"videos": videos}, tmp_path / "bounded.html")
     text = report.read_text(encoding="utf-8")
     assert report.stat().st_size <= limit
     assert text.count('<img src="data:image/gif;base64,') == 2
-    assert f"To keep the report under {limit / 1e6:g} MB it shows: bc-original worst: every" in text
-    assert "bc-original best" not in text.split("To keep the report", 1)[1]  # shown whole
+    assert f"To keep the report under {limit / 1e6:g} MB it shows: bc-plain worst: every" in text
+    assert "bc-plain best" not in text.split("To keep the report", 1)[1]  # shown whole
 
-    tight = _videos({"bc-original": [small, large]}, mb=(base + 3000) / 1e6)
+    tight = _videos({"bc-plain": [small, large]}, mb=(base + 3000) / 1e6)
     squeezed = write_report({"videos": tight}, tmp_path / "tight.html")
     assert squeezed.stat().st_size <= base + 3000
     assert "left out" in squeezed.read_text(encoding="utf-8")
@@ -132,7 +132,7 @@ def test_the_size_bound_drops_frames_then_episodes_and_says_so(tmp_path: Path) -
 def test_a_missing_video_file_is_left_out_and_named(tmp_path: Path) -> None:
     clip = _clip(tmp_path / "square.gif", _moving_square(), 10.0, "best")
     Path(clip["path"]).unlink()
-    text = render_html({"videos": _videos({"bc-original": [clip]})})
+    text = render_html({"videos": _videos({"bc-plain": [clip]})})
     assert "<img" not in text and "left out (its file" in text
 
 

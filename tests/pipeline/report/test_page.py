@@ -31,7 +31,7 @@ def test_missing_sections_are_reported_not_failed(tmp_path: Path) -> None:
     empty = write_report({}, tmp_path / "empty.html").read_text(encoding="utf-8")
     assert "<img" not in empty
     assert "No augmented data" in empty
-    only_training = {"training": {"bc-original": {"return": 1.0, "normalised_score": None}}}
+    only_training = {"training": {"bc-plain": {"return": 1.0, "normalised_score": None}}}
     assert render_plots(only_training) == []
     assert "bc return, original → augmented" in dict(headline(only_training))
     assert "bc" in render_html(only_training)

@@ -48,7 +48,7 @@ def _metrics() -> dict[str, Any]:
         "verdict_headline": headline(verdicts),
         "recipes": recipes,
         "data_score": 55.0,
-        "training": {"cql-original": {"return": 1.0, "normalised_score": 40.0}},
+        "training": {"cql-plain": {"return": 1.0, "normalised_score": 40.0}},
     }
 
 
