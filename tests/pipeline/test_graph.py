@@ -282,7 +282,8 @@ def test_a_second_run_on_a_held_directory_stops_at_once(
     assert first.wait(timeout=600) == 0, first_log.read_text()
     assert not lock.exists()
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert set(metrics["training"]) == {"bc-plain", "bc-augmented"}
+    # With the equal-steps plain arm: BC's 60 steps + the augmented arm's 40.
+    assert set(metrics["training"]) == {"bc-plain", "bc-augmented", "bc-baseline[100]"}
 
 
 def test_invalid_resources_fail_naming_the_stage(cluster: Cluster, tmp_path: Path) -> None:
