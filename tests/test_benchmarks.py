@@ -163,3 +163,55 @@ def test_every_augmentation_benchmark_workflow_validates(tmp_path: Path) -> None
                 sizes.train_steps or bench.DATASETS[name.removesuffix("-thin")].train_steps
             )
             assert workflow.train.baseline and len(workflow.train.algorithms) >= 4
+
+
+def test_augmentation_records_are_read_from_metrics_json() -> None:
+    """The records restate metrics.json's comparison; the default recipe is judged with the
+    product's own judge against the best plain arm at its steps."""
+    from offaug.pipeline.contracts import PLAIN, baseline_recipe
+    from offaug.pipeline.outcome.summary import run_scores
+    from offaug.pipeline.outcome.verdict import judge_best
+
+    bench = _bench_augmentation()
+    scores = {
+        ("td3bc", PLAIN, 3000): [30.0, 31.0, 29.0, 33.0, 32.0],
+        ("td3bc", baseline_recipe(6000), 6000): [50.0, 52.0, 49.0, 51.0, 48.0],
+        ("iql", baseline_recipe(6000), 6000): [40.0, 41.0, 39.0, 42.0, 38.0],
+        ("td3bc", "td3bc-self-continued", 6000): [60.0, 62.0, 61.0, 63.0, 59.0],
+        ("td3bc", "default", 6000): [45.0, 47.0, 44.0, 46.0, 43.0],
+    }
+    training = {
+        f"{learner}-{recipe}@s{seed}": {
+            "learner": learner,
+            "recipe": recipe,
+            "seed": seed,
+            "return": score,
+            "normalised_score": score,
+            "steps": steps,
+            "own_steps": 3000,
+        }
+        for (learner, recipe, steps), per_seed in scores.items()
+        for seed, score in enumerate(per_seed)
+    }
+    metrics = {
+        "seeds": [0, 1, 2, 3, 4],
+        "training": training,
+        "comparison": judge_best(run_scores(training)[0]),
+    }
+    best, default = bench.dataset_records(
+        "pendulum-medium", metrics, {"dataset": "pendulum-medium"}
+    )
+    assert best["benchmark"] == "augmentation_pendulum-medium"
+    assert best["absolute"]["augmented"]["recipe"] == "td3bc-self-continued"
+    assert best["absolute"]["plain"]["recipe"] == baseline_recipe(6000)
+    assert best["offaug"] == pytest.approx(61.0) and best["baseline"] == pytest.approx(50.0)
+    assert best["goal_met"] and best["outcome"] == "helps" and not best["loses"]
+    assert best["absolute"]["arms"][f"td3bc-{PLAIN}"] == [30.0, 31.0, 29.0, 33.0, 32.0]
+    assert default["benchmark"] == "augmentation_default_pendulum-medium"
+    assert default["absolute"]["augmented"]["recipe"] == "default"
+    assert default["loses"] and not default["goal_met"]
+    summary = bench.summary_records([best, default], [0, 1, 2, 3, 4])
+    assert [(r["benchmark"], r["offaug"]) for r in summary] == [
+        ("augmentation_datasets_won", 1),
+        ("augmentation_default_never_loses", 1),
+    ]
