@@ -1,0 +1,144 @@
+"""The graph-safe step: equal to each learner's own update, traceable whole, captured on CUDA."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from offaug.algorithms.base import Trainer
+from offaug.algorithms.batch import TorchBatch
+from offaug.algorithms.fused.graph_step import GraphStep, every_phase_step
+from offaug.algorithms.fused.train import build_members
+from offaug.algorithms.fused.trainer import FusedTrainer
+from offaug.algorithms.training.graphed import GraphedUpdates
+from offaug.algorithms.training.loop import TrainOptions
+from offaug.datasets import Transitions
+from offaug.datasets.sampler import stack_numpy
+from tests.algorithms.fused_runs import SMALL, assert_states_close
+
+LEARNERS = ("bc", "td3bc", "iql", "rebrac", "cql", "bcq")
+TINY: dict[str, dict[str, Any]] = {
+    "bc": {"hidden": [8], "batch_size": 8},
+    "td3bc": {"hidden": [8], "batch_size": 8},
+    "iql": {"hidden": [8], "batch_size": 8, "actor_lr_decay_steps": 30},
+    "rebrac": {"hidden": [8], "batch_size": 8},
+    "cql": {"hidden": [8], "batch_size": 8, "n_action_samples": 2, "bc_steps": 2},
+    "bcq": {
+        "actor_hidden": [8],
+        "critic_hidden": [8],
+        "vae_hidden": [8],
+        "batch_size": 8,
+        "n_action_samples": 2,
+        "rl_start_step": 2,
+    },
+}
+
+
+def graph_step(
+    algorithm: str, data: Transitions, config: dict[str, Any], seeds: tuple[int, ...] = (0,)
+) -> tuple[GraphStep, Any]:
+    built = build_members(algorithm, [data], seeds, [config] * len(seeds), TrainOptions())
+    fused = FusedTrainer(built.trainers, built.generators, list(seeds))
+    return GraphStep(fused), built
+
+
+def fields_of(batch: TorchBatch) -> dict[str, torch.Tensor]:
+    return {name: value for name, value in vars(batch).items() if value is not None}
+
+
+@pytest.mark.parametrize("algorithm", LEARNERS)
+def test_graph_step_equals_the_learners_update(
+    algorithm: str, hopper: Transitions, one_thread: None
+) -> None:
+    """Same initial parameters, batches and noise: the graph-safe step (its delayed phases
+    masked, its Adam written out) ends where the learner's own ``update`` does."""
+    config = dict(SMALL[algorithm])
+    config.update({"bc_steps": 2} if algorithm == "cql" else {})
+    config.update({"rl_start_step": 2} if algorithm == "bcq" else {})
+    step, built = graph_step(algorithm, hopper, config)
+    single: Trainer = build_members(algorithm, [hopper], (0,), [config], TrainOptions()).trainers[0]
+    batch_size = int(config["batch_size"])
+    for _ in range(5):
+        batch = TorchBatch.from_batch(stack_numpy([built.samplers[0].sample()]))
+        noise = step.draw(batch_size)
+        step(fields_of(batch), noise)
+        member_noise = {name: value[0] for name, value in noise.items()}
+        single.draw_noise = lambda *_: member_noise  # type: ignore[attr-defined]
+        single.update(TorchBatch(**{k: v[0] for k, v in fields_of(batch).items()}))
+    step.sync_host(5)
+    assert step.fused.frozen == []
+    assert_states_close(step.fused.member_state_dict(0), single.state_dict())
+
+
+def test_every_phase_step_is_where_all_phases_run(hopper: Transitions) -> None:
+    step, _ = graph_step("bcq", hopper, {**TINY["bcq"], "rl_start_step": 3, "update_actor_interval": 2})
+    assert every_phase_step(step.spec) == 4  # update_actor_interval 2, from step 3
+
+
+def test_metrics_are_summed_on_the_device_and_flushed(hopper: Transitions) -> None:
+    step, built = graph_step("td3bc", hopper, TINY["td3bc"], seeds=(0, 1))
+    for _ in range(3):
+        batch = TorchBatch.from_batch(stack_numpy([s.sample() for s in built.samplers]))
+        step(fields_of(batch), step.draw(8))
+    means = step.flush_metrics()
+    assert set(means) == set(step.spec.metrics)
+    assert all(value.shape == (2,) for value in means.values())
+    assert float(step.metric_count) == 0.0
+    assert int(step.step) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", LEARNERS)
+def test_graph_step_compiles_whole(algorithm: str, hopper: Transitions, one_thread: None) -> None:
+    """``torch.compile(fullgraph=True)`` traces one step without a graph break (a host sync or
+    a Python branch on a tensor would be one); the compiled step equals the eager one."""
+    torch._dynamo.reset()
+    eager, built = graph_step(algorithm, hopper, TINY[algorithm])
+    compiled, _ = graph_step(algorithm, hopper, TINY[algorithm])
+    run = torch.compile(compiled.__call__, fullgraph=True, dynamic=False)
+    for _ in range(3):
+        batch = fields_of(TorchBatch.from_batch(stack_numpy([built.samplers[0].sample()])))
+        noise = eager.draw(8)
+        eager(batch, noise)
+        run(batch, noise)
+    for name, flat in eager.fused.flats.items():
+        torch.testing.assert_close(compiled.fused.flats[name].flat, flat.flat, rtol=1e-4, atol=1e-5)
+
+
+def test_graphed_updates_run_eagerly_on_the_cpu(hopper: Transitions, one_thread: None) -> None:
+    """The driver with the device sampler, without compiling: steps are counted on both sides
+    and the metrics come back once."""
+    step, built = graph_step("td3bc", hopper, TINY["td3bc"], seeds=(0, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        updates = GraphedUpdates.build(step, built.samplers, mode="eager", steps_per_call=2)
+        updates.run(5)
+    assert step.fused.steps == 5 and int(step.step) == 5
+    metrics = updates.flush_metrics()
+    assert metrics["critic_loss"].shape == (2,)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_step_equals_eager_step_after_100_steps(hopper: Transitions) -> None:
+    runs = {}
+    for mode in ("eager", "captured"):
+        step, built = graph_step("td3bc", hopper, {**SMALL["td3bc"], "device": None}, seeds=(0,))
+        updates = GraphedUpdates.build(step, built.samplers, mode=mode, steps_per_call=4)
+        updates.run(100)
+        runs[mode] = step
+    for name, flat in runs["eager"].fused.flats.items():
+        torch.testing.assert_close(runs["captured"].fused.flats[name].flat, flat.flat)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_nan_member_stops_alone_when_captured(hopper: Transitions) -> None:
+    step, built = graph_step("td3bc", hopper, SMALL["td3bc"], seeds=(0, 1))
+    updates = GraphedUpdates.build(step, built.samplers, mode="captured", steps_per_call=2)
+    with torch.no_grad():
+        step.fused.flats["critic"].flat[1].fill_(float("nan"))
+    updates.run(6)
+    assert step.fused.frozen == [1]
+    assert torch.isfinite(step.fused.flats["critic"].flat[0]).all()
