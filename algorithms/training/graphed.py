@@ -26,8 +26,9 @@ from typing import Literal
 
 import torch
 
-from offaug.algorithms.base import reads_sources
+from offaug.algorithms.base import Trainer, reads_sources
 from offaug.algorithms.fused.graph_step import GraphStep
+from offaug.algorithms.fused.trainer import FusedTrainer
 from offaug.algorithms.training.device_sampler import DeviceSampler
 from offaug.datasets.sampler import MixtureSampler
 
@@ -35,6 +36,9 @@ StepMode = Literal["eager", "compiled", "captured"]
 
 SAMPLER_SEED_OFFSET = 7_919
 """Added to a member's seed to seed its device sampler's generator (apart from its noise's)."""
+
+RESUMED_STREAM = 1_000_003
+"""Times the steps already taken, also added to that seed: a resumed run's rows are new."""
 
 WARMUP_CALLS = 2
 """Calls run (and undone) before capturing: they compile, and settle the allocator."""
@@ -69,8 +73,11 @@ class GraphedUpdates:
         """The device sampler of the members' data (their ``samplers``' sets and shares, each
         member drawing from a generator seeded from its seed), then ``mode``'s preparation."""
         fused = step.fused
+        # A resumed run draws other rows than the steps before it drew.
         generators = [
-            torch.Generator(device=fused.device).manual_seed(seed + SAMPLER_SEED_OFFSET)
+            torch.Generator(device=fused.device).manual_seed(
+                seed + SAMPLER_SEED_OFFSET + RESUMED_STREAM * fused.steps
+            )
             for seed in fused.seeds
         ]
         sampler = DeviceSampler(
@@ -183,3 +190,20 @@ class GraphedUpdates:
                 tensor.copy_(value)
         for generator, state in zip(self._generators(), states, strict=True):
             generator.set_state(state)
+
+
+def graphed_updates(
+    trainers: Sequence[Trainer],
+    generators: Sequence[torch.Generator],
+    seeds: Sequence[int],
+    samplers: Sequence[MixtureSampler],
+    *,
+    mode: StepMode,
+    steps_per_call: int = 4,
+) -> GraphedUpdates:
+    """The graph-safe steps of ``trainers`` (one for a single-seed run), built and prepared as
+    single-seed or fused runs build them, their generators continuing their noise streams."""
+    fused = FusedTrainer(trainers, generators, seeds, looped=False)
+    return GraphedUpdates.build(
+        GraphStep(fused), samplers, mode=mode, steps_per_call=steps_per_call
+    )

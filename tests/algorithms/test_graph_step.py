@@ -142,3 +142,34 @@ def test_a_nan_member_stops_alone_when_captured(hopper: Transitions) -> None:
     updates.run(6)
     assert step.fused.frozen == [1]
     assert torch.isfinite(step.fused.flats["critic"].flat[0]).all()
+
+
+def test_train_takes_the_graph_step_between_logs_and_checkpoints(
+    hopper: Transitions, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    """``train`` runs the graph-safe step up to each log line and checkpoint, logs its device
+    metrics, and checkpoints the trainer as the step left it."""
+    from offaug.algorithms.base import load_checkpoint
+    from offaug.algorithms.training import loop
+
+    monkeypatch.setattr(loop, "graph_step_mode", lambda *_: "eager")
+    options = TrainOptions(steps=7, log_every=3, checkpoint_every=5, eval_every=0)
+    result = loop.train("td3bc", [hopper], tmp_path, config=TINY["td3bc"], options=options)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [int(line.split('"step": ')[1].split(",")[0]) for line in lines] == [3, 6, 7]
+    state = load_checkpoint(result.checkpoint).state
+    assert state["steps"] == 7
+    assert state["actor_optimizer"]["state"][0]["step"] == 4  # actor steps 0, 2, 4, 6
+
+
+def test_graph_step_mode_is_chosen_once_from_the_options() -> None:
+    from offaug.algorithms.training.loop import graph_step_mode
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert graph_step_mode("td3bc", TrainOptions(), cuda) == "captured"
+    assert graph_step_mode("td3bc", TrainOptions(compile_step="on"), cpu) == "compiled"
+    assert graph_step_mode("td3bc", TrainOptions(compile_step="off"), cuda) is None
+    assert graph_step_mode("sac", TrainOptions(), cuda) is None
+    assert graph_step_mode("td3bc", TrainOptions(weighting="behaviour"), cuda) is None
+    with pytest.raises(ValueError, match="no graph-safe step"):
+        graph_step_mode("sac", TrainOptions(compile_step="on"), cpu)
