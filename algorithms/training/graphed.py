@@ -69,9 +69,14 @@ class GraphedUpdates:
         *,
         mode: StepMode,
         steps_per_call: int = 4,
+        compile_update: bool = True,
     ) -> GraphedUpdates:
         """The device sampler of the members' data (their ``samplers``' sets and shares, each
-        member drawing from a generator seeded from its seed), then ``mode``'s preparation."""
+        member drawing from a generator seeded from its seed), then ``mode``'s preparation.
+
+        ``compile_update=False`` captures the eager update (``captured`` only): no compile
+        time, every kernel of the step recorded as it is.
+        """
         fused = step.fused
         # A resumed run draws other rows than the steps before it drew.
         generators = [
@@ -85,7 +90,7 @@ class GraphedUpdates:
         )
         updates = cls(step, sampler, steps_per_call)
         if mode != "eager":
-            updates._prepare(mode)
+            updates._prepare(mode, compile_update or mode == "compiled")
         return updates
 
     # -- running -------------------------------------------------------------------------------
@@ -104,15 +109,12 @@ class GraphedUpdates:
         return self.step.flush_metrics()
 
     def _call(self, steps: int) -> None:
+        # A shorter call than the captured one (before a log line) runs uncaptured.
         graph = self._graphs.get(steps)
         if graph is not None:
             graph.replay()
-            return
-        if self.mode == "captured":
-            self._graphs[steps] = self._capture(steps)
-            self._graphs[steps].replay()
-            return
-        self._unrolled(steps)
+        else:
+            self._unrolled(steps)
 
     def _unrolled(self, steps: int) -> None:
         for _ in range(steps):
@@ -122,18 +124,22 @@ class GraphedUpdates:
 
     # -- compiling and capturing ---------------------------------------------------------------
 
-    def _prepare(self, mode: StepMode) -> None:
+    def _prepare(self, mode: StepMode, compile_update: bool) -> None:
         saved = self._snapshot()
         try:
             if mode == "captured" and self.step.fused.device.type != "cuda":
                 raise RuntimeError(f"capture needs a CUDA device, not {self.step.fused.device}")
-            self._update = torch.compile(self.step.__call__, fullgraph=True, dynamic=False)
-            self.mode = mode
+            if compile_update:
+                self._update = torch.compile(self.step.__call__, fullgraph=True, dynamic=False)
             if mode == "captured":
+                # Capturing undoes its warm-up itself and records without computing.
                 self._graphs[self.steps_per_call] = self._capture(self.steps_per_call)
             else:
-                self._unrolled(1)
+                self._unrolled(1)  # compiles
+                self._restore(saved)
+            self.mode = mode
         except Exception as exc:  # compiling and capturing raise many types; all mean "eager"
+            self._restore(saved)
             reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
             warnings.warn(
                 f"the graph-safe step could not be {mode} ({type(exc).__name__}: {reason[:400]});"
@@ -144,8 +150,6 @@ class GraphedUpdates:
             self._update = self.step.__call__
             self.mode = "eager"
             self._graphs.clear()
-        finally:
-            self._restore(saved)
 
     def _capture(self, steps: int) -> torch.cuda.CUDAGraph:
         """``steps`` steps recorded in one CUDA graph, after warm-up calls on a side stream
@@ -200,10 +204,15 @@ def graphed_updates(
     *,
     mode: StepMode,
     steps_per_call: int = 4,
+    compile_update: bool = True,
 ) -> GraphedUpdates:
     """The graph-safe steps of ``trainers`` (one for a single-seed run), built and prepared as
     single-seed or fused runs build them, their generators continuing their noise streams."""
     fused = FusedTrainer(trainers, generators, seeds, looped=False)
     return GraphedUpdates.build(
-        GraphStep(fused), samplers, mode=mode, steps_per_call=steps_per_call
+        GraphStep(fused),
+        samplers,
+        mode=mode,
+        steps_per_call=steps_per_call,
+        compile_update=compile_update,
     )

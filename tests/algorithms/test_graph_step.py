@@ -122,21 +122,33 @@ def test_graphed_updates_run_eagerly_on_the_cpu(hopper: Transitions, one_thread:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_captured_step_equals_eager_step_after_100_steps(hopper: Transitions) -> None:
+@pytest.mark.parametrize("compile_update", [False, True])
+def test_captured_step_equals_eager_step_after_100_steps(
+    hopper: Transitions, compile_update: bool
+) -> None:
+    """The same sampler and noise streams replayed from a CUDA graph: the eager step's
+    parameters exactly (captured as it is) or to float rounding (compiled, then captured)."""
     runs = {}
     for mode in ("eager", "captured"):
-        step, built = graph_step("td3bc", hopper, {**SMALL["td3bc"], "device": None}, seeds=(0,))
-        updates = GraphedUpdates.build(step, built.samplers, mode=mode, steps_per_call=4)
-        updates.run(100)
+        step, built = graph_step("td3bc", hopper, SMALL["td3bc"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback to eager would prove nothing
+            updates = GraphedUpdates.build(
+                step, built.samplers, mode=mode, steps_per_call=4, compile_update=compile_update
+            )
+        assert updates.mode == mode
+        updates.run(98)  # 24 replays and 2 uncaptured steps
         runs[mode] = step
+    tolerance = {"rtol": 1e-3, "atol": 1e-4} if compile_update else {}
     for name, flat in runs["eager"].fused.flats.items():
-        torch.testing.assert_close(runs["captured"].fused.flats[name].flat, flat.flat)
+        torch.testing.assert_close(runs["captured"].fused.flats[name].flat, flat.flat, **tolerance)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_nan_member_stops_alone_when_captured(hopper: Transitions) -> None:
     step, built = graph_step("td3bc", hopper, SMALL["td3bc"], seeds=(0, 1))
     updates = GraphedUpdates.build(step, built.samplers, mode="captured", steps_per_call=2)
+    assert updates.mode == "captured"
     with torch.no_grad():
         step.fused.flats["critic"].flat[1].fill_(float("nan"))
     updates.run(6)
@@ -173,3 +185,16 @@ def test_graph_step_mode_is_chosen_once_from_the_options() -> None:
     assert graph_step_mode("td3bc", TrainOptions(weighting="behaviour"), cuda) is None
     with pytest.raises(ValueError, match="no graph-safe step"):
         graph_step_mode("sac", TrainOptions(compile_step="on"), cpu)
+
+
+def test_a_failed_capture_warns_once_and_trains_eagerly(hopper: Transitions) -> None:
+    from offaug.algorithms.training.graphed import GraphFallbackWarning
+
+    step, built = graph_step("td3bc", hopper, TINY["td3bc"])
+    before = step.fused.flats["actor"].flat.clone()
+    with pytest.warns(GraphFallbackWarning, match="could not be captured.*CUDA device"):
+        updates = GraphedUpdates.build(step, built.samplers, mode="captured")
+    assert updates.mode == "eager"
+    assert torch.equal(step.fused.flats["actor"].flat, before)  # nothing ran before the warning
+    updates.run(2)
+    assert step.fused.steps == 2
