@@ -112,17 +112,30 @@ class GraphStep:
 
     # -- the step ------------------------------------------------------------------------------
 
-    def __call__(self, fields: Mapping[str, torch.Tensor], noise: Mapping[str, torch.Tensor]) -> None:
+    def __call__(
+        self,
+        fields: Mapping[str, torch.Tensor],
+        noise: Mapping[str, torch.Tensor],
+        pattern: tuple[bool, ...] | None = None,
+    ) -> None:
         """One update of every member on its rows of ``fields`` (``TorchBatch`` fields,
-        ``(K, B, ...)``) with ``noise`` (:meth:`draw`'s), in place."""
+        ``(K, B, ...)``) with ``noise`` (:meth:`draw`'s), in place.
+
+        ``pattern``: which phases run at this step, when the caller knows it on the host
+        (:func:`phase_pattern`): a phase that does not run is left out rather than masked, and
+        a compiled step is one graph per pattern. None: every phase masked by the device's
+        counter, one graph for every step (what a captured graph replays).
+        """
         fused, spec = self.fused, self.spec
         step = self.step
         hyper: dict[str, Any] = dict(fused.hyper)
         if spec.schedule is not None:
-            hyper.update(spec.schedule(step, hyper))  # type: ignore[arg-type]
+            hyper.update(spec.schedule(step, hyper))
         metrics: dict[str, torch.Tensor] = dict(fused.carried)
-        for phase in spec.phases:
-            on = _runs(phase, step)
+        for number, phase in enumerate(spec.phases):
+            if pattern is not None and not pattern[number]:
+                continue
+            on = _runs(phase, step) if pattern is None else None
             loss, phase_metrics, grads = self._phase(phase, dict(fields), dict(noise), hyper)
             with torch.no_grad():
                 finite = torch.isfinite(loss)
@@ -230,6 +243,11 @@ class GraphStep:
             total.zero_()
         self.metric_count.zero_()
         return means
+
+
+def phase_pattern(spec: FusedSpec, step: int) -> tuple[bool, ...]:
+    """Which of ``spec``'s phases run at ``step`` (counted from 0), as the host counts it."""
+    return tuple(step >= p.start and step % p.every == 0 for p in spec.phases)
 
 
 def _runs(phase: Phase, step: torch.Tensor) -> torch.Tensor | None:

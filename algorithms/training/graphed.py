@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 
 from offaug.algorithms.base import Trainer, reads_sources
-from offaug.algorithms.fused.graph_step import GraphStep
+from offaug.algorithms.fused.graph_step import GraphStep, phase_pattern
 from offaug.algorithms.fused.trainer import FusedTrainer
 from offaug.algorithms.training.device_sampler import DeviceSampler
 from offaug.datasets.sampler import MixtureSampler
@@ -98,29 +98,34 @@ class GraphedUpdates:
     def run(self, steps: int) -> None:
         """``steps`` steps of every member: whole calls of ``steps_per_call``, then single steps."""
         calls, rest = divmod(steps, self.steps_per_call)
-        for _ in range(calls):
-            self._call(self.steps_per_call)
-        for _ in range(rest):
-            self._call(1)
+        for call in range(calls):
+            self._call(self.steps_per_call, call * self.steps_per_call)
+        for extra in range(rest):
+            self._call(1, calls * self.steps_per_call + extra)
         self.step.sync_host(steps)
 
     def flush_metrics(self) -> dict[str, torch.Tensor]:
         """Each metric's mean ``(K,)`` since the last flush (:meth:`GraphStep.flush_metrics`)."""
         return self.step.flush_metrics()
 
-    def _call(self, steps: int) -> None:
+    def _call(self, steps: int, done: int) -> None:
         # A shorter call than the captured one (before a log line) runs uncaptured.
         graph = self._graphs.get(steps)
         if graph is not None:
             graph.replay()
         else:
-            self._unrolled(steps)
+            self._unrolled(steps, done=done)
 
-    def _unrolled(self, steps: int) -> None:
-        for _ in range(steps):
+    def _unrolled(self, steps: int, *, done: int = 0) -> None:
+        """``steps`` steps, ``done`` after the host's count; uncaptured ones leave out the phases
+        that do not run (compiled: one graph per pattern), captured ones mask them."""
+        capturing = self.mode == "captured"
+        for number in range(steps):
             fields = self.sampler.sample()
             noise = self.step.draw(self.sampler.batch_size)
-            self._update(fields, noise)
+            host_step = self.step.fused.steps + done + number
+            pattern = None if capturing else phase_pattern(self.step.spec, host_step)
+            self._update(fields, noise, pattern)
 
     # -- compiling and capturing ---------------------------------------------------------------
 
@@ -131,13 +136,13 @@ class GraphedUpdates:
                 raise RuntimeError(f"capture needs a CUDA device, not {self.step.fused.device}")
             if compile_update:
                 self._update = torch.compile(self.step.__call__, fullgraph=True, dynamic=False)
+            self.mode = mode
             if mode == "captured":
                 # Capturing undoes its warm-up itself and records without computing.
                 self._graphs[self.steps_per_call] = self._capture(self.steps_per_call)
             else:
                 self._unrolled(1)  # compiles
                 self._restore(saved)
-            self.mode = mode
         except Exception as exc:  # compiling and capturing raise many types; all mean "eager"
             self._restore(saved)
             reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())

@@ -10,7 +10,7 @@ import torch
 
 from offaug.algorithms.base import Trainer
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.fused.graph_step import GraphStep, every_phase_step
+from offaug.algorithms.fused.graph_step import GraphStep, every_phase_step, phase_pattern
 from offaug.algorithms.fused.train import build_members
 from offaug.algorithms.fused.trainer import FusedTrainer
 from offaug.algorithms.training.graphed import GraphedUpdates
@@ -49,22 +49,24 @@ def fields_of(batch: TorchBatch) -> dict[str, torch.Tensor]:
     return {name: value for name, value in vars(batch).items() if value is not None}
 
 
+@pytest.mark.parametrize("masked", [True, False], ids=["masked", "host_pattern"])
 @pytest.mark.parametrize("algorithm", LEARNERS)
 def test_graph_step_equals_the_learners_update(
-    algorithm: str, hopper: Transitions, one_thread: None
+    algorithm: str, masked: bool, hopper: Transitions, one_thread: None
 ) -> None:
     """Same initial parameters, batches and noise: the graph-safe step (its delayed phases
-    masked, its Adam written out) ends where the learner's own ``update`` does."""
+    masked by the device's counter or left out by the host's, its Adam written out) ends where
+    the learner's own ``update`` does."""
     config = dict(SMALL[algorithm])
     config.update({"bc_steps": 2} if algorithm == "cql" else {})
     config.update({"rl_start_step": 2} if algorithm == "bcq" else {})
     step, built = graph_step(algorithm, hopper, config)
     single: Trainer = build_members(algorithm, [hopper], (0,), [config], TrainOptions()).trainers[0]
     batch_size = int(config["batch_size"])
-    for _ in range(5):
+    for number in range(5):
         batch = TorchBatch.from_batch(stack_numpy([built.samplers[0].sample()]))
         noise = step.draw(batch_size)
-        step(fields_of(batch), noise)
+        step(fields_of(batch), noise, None if masked else phase_pattern(step.spec, number))
         member_noise = {name: value[0] for name, value in noise.items()}
         single.draw_noise = lambda *_: member_noise  # type: ignore[attr-defined]
         single.update(TorchBatch(**{k: v[0] for k, v in fields_of(batch).items()}))
