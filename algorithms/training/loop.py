@@ -247,7 +247,7 @@ def train(
                 until = next_boundary(ran, options)
                 updates.run(until - ran)
                 ran = until
-            if updates is not None and _reads_trainer(step, options):
+            if updates is not None and reads_trainer(step, options):
                 updates.step.fused.member(0)  # the trainer's own tensors, for act and checkpoints
             if step % options.log_every == 0 or step == options.steps:
                 metrics = (
@@ -324,13 +324,13 @@ def next_boundary(done: int, options: TrainOptions) -> int:
     """The first step after ``done`` at which the loop logs, evaluates or checkpoints."""
     step = done + 1
     while step < options.steps and not (
-        step % options.log_every == 0 or _reads_trainer(step, options)
+        step % options.log_every == 0 or reads_trainer(step, options)
     ):
         step += 1
     return step
 
 
-def _reads_trainer(step: int, options: TrainOptions) -> bool:
+def reads_trainer(step: int, options: TrainOptions) -> bool:
     """Whether the loop evaluates or checkpoints the trainer after ``step``."""
     evaluates = options.eval_every > 0 and step % options.eval_every == 0
     return evaluates or step % options.checkpoint_every == 0 or step == options.steps

@@ -200,3 +200,18 @@ def test_a_failed_capture_warns_once_and_trains_eagerly(hopper: Transitions) -> 
     assert torch.equal(step.fused.flats["actor"].flat, before)  # nothing ran before the warning
     updates.run(2)
     assert step.fused.steps == 2
+
+
+def test_a_fused_run_takes_the_graph_step_too(
+    hopper: Transitions, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    from offaug.algorithms.base import load_checkpoint
+    from offaug.algorithms.fused import train as fused_train
+
+    monkeypatch.setattr(fused_train, "graph_step_mode", lambda *_: "eager")
+    options = TrainOptions(steps=5, log_every=2, checkpoint_every=5, eval_every=0, seeds=(0, 1))
+    result = fused_train.train_fused("td3bc", [hopper], tmp_path, config=TINY["td3bc"], options=options)
+    for run in result.runs:
+        lines = (run.out / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == 3 and '"critic_loss"' in lines[0]
+        assert load_checkpoint(run.checkpoint).state["steps"] == 5
