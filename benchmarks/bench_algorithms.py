@@ -34,7 +34,7 @@ worker applies) against the settings Dask's nanny starts workers with (freed mem
 to the kernel at once), switching the process-wide settings between interleaved blocks; the
 minor page faults per step of each side are in ``absolute``.
 
-Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc,iql,rebrac,compiled_step]``; JSON
+Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,iql,compiled_step]``; JSON
 lines on stdout.
 """
 

@@ -190,116 +190,119 @@ def _timed(call: Any, steps_per_call: int, seconds: float, sync: Any) -> float:
 def graph_suite(args: argparse.Namespace, reporter: Reporter) -> int:
     """``--suite graph``: see the module's docstring."""
     import torch
-    from _plain_loops import PLAIN_STEPS  # imports offaug: after _import_offaug
 
-    from offaug.algorithms.batch import TorchBatch
-    from offaug.algorithms.fused.train import build_members
-    from offaug.algorithms.fused.trainer import FusedTrainer
     from offaug.algorithms.runtime import configure_torch
-    from offaug.algorithms.training.graphed import graphed_updates
-    from offaug.algorithms.training.loop import TrainOptions
-    from offaug.datasets.sampler import sample_stacked
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         log(f"no CUDA device here (torch {torch.__version__}); try --dry-run")
         return 2
     configure_torch(1 if device.type == "cpu" else None)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    captured_mode = "eager" if args.dry_run else "captured"
     data = _synthetic_transitions(2_000 if args.dry_run else 200_000, seed=0)
-    options = TrainOptions(device=args.device)
-    tiny = {"hidden": [8], "batch_size": 8}
-    tiny_bcq = {"actor_hidden": [8], "critic_hidden": [8], "vae_hidden": [8], "batch_size": 8}
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     started = time.perf_counter()
     left: list[str] = []
     for name in args.learners:
-        config = (tiny_bcq if name == "bcq" else tiny) if args.dry_run else {}
         for members in args.members:
             for compiled in (False, True) if members in args.compiled_members else (False,):
                 label = f"{name} K={members}{' compiled' if compiled else ''}"
                 if time.perf_counter() - started > args.time_limit:
                     left.append(label)
                     continue
-                log(f"graph suite: {label} on {device_name}")
-                seeds = tuple(range(members))
-                eager = build_members(name, [data], seeds, [config] * members, options)
-                if members == 1:
-                    trainer, sampler = eager.trainers[0], eager.samplers[0]
-
-                    def eager_call() -> None:
-                        trainer.update(TorchBatch.from_batch(sampler.sample(), device))
-                else:
-                    fused = FusedTrainer(eager.trainers, eager.generators, seeds)
-
-                    def eager_call() -> None:
-                        batch = sample_stacked(eager.samplers)
-                        fused.update(TorchBatch.from_batch(batch, device))
-
-                eager_rate = _timed(eager_call, 1, args.seconds, sync)
-                built = build_members(name, [data], seeds, [config] * members, options)
-                begin = time.perf_counter()
-                updates = graphed_updates(
-                    built.trainers,
-                    built.generators,
-                    seeds,
-                    built.samplers,
-                    mode=captured_mode,
-                    steps_per_call=args.steps_per_call,
-                    compile_update=compiled,
-                )
-                prepare_seconds = time.perf_counter() - begin
-                per_call = args.steps_per_call
-                captured_rate = _timed(lambda: updates.run(per_call), per_call, args.seconds, sync)
-                absolute: dict[str, Any] = {
-                    "device": device_name,
-                    "torch": torch.__version__,
-                    "mode": updates.mode,
-                    "compiled": compiled,
-                    "prepare_seconds": prepare_seconds,
-                    "member_steps_per_s": captured_rate * members,
-                    "eager_member_steps_per_s": eager_rate * members,
-                }
-                if compiled and members == 1 and name in PLAIN_STEPS:
-                    absolute.update(_plain_captured(name, data, device, args, sync))
-                form = "compiled_captured" if compiled else "captured"
-                reporter.emit(
-                    {
-                        "benchmark": f"graph_step_{name}_k{members}_{form}_{device.type}",
-                        "unit": "gradient steps/s (each member's)",
-                        "offaug": captured_rate,
-                        "baseline": eager_rate,
-                        "baseline_name": "today's eager step"
-                        + (" (trainer.update)" if members == 1 else " (FusedTrainer.update)"),
-                        "ratio": captured_rate / eager_rate,
-                        "goal": None,
-                        "repeats": 1,
-                        "size": {
-                            "members": members,
-                            "steps_per_call": per_call,
-                            "config": config or "defaults",
-                            "seconds_per_side": args.seconds,
-                        },
-                        "notes": (
-                            "synthetic transitions with Hopper-v5's shapes; the graph-safe step"
-                            f" {form.replace('_', ' then ')} ({per_call} steps per CUDA graph,"
-                            " batches drawn on the device) against the eager step on numpy"
-                            " batches; the device synchronised at each timing's ends"
-                        ),
-                        "absolute": absolute,
-                    }
-                )
-                del eager, built, updates
+                log(f"graph suite: {label} on {device}")
+                reporter.emit(_graph_record(name, members, compiled, data, device, args))
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     if left:
         log(f"graph suite: time limit reached; not measured: {', '.join(left)}")
     return 0
+
+
+def _graph_record(
+    name: str, members: int, compiled: bool, data: Any, device: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One learner at K members: today's eager step against the graph-safe step captured."""
+    import torch
+    from _plain_loops import PLAIN_STEPS  # imports offaug: after _import_offaug
+
+    from offaug.algorithms.batch import TorchBatch
+    from offaug.algorithms.fused.train import build_members
+    from offaug.algorithms.fused.trainer import FusedTrainer
+    from offaug.algorithms.training.graphed import graphed_updates
+    from offaug.algorithms.training.loop import TrainOptions
+    from offaug.datasets.sampler import sample_stacked
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    tiny: dict[str, Any] = {"hidden": [8], "batch_size": 8}
+    if name == "bcq":
+        tiny = {"actor_hidden": [8], "critic_hidden": [8], "vae_hidden": [8], "batch_size": 8}
+    config = tiny if args.dry_run else {}
+    seeds = tuple(range(members))
+    options = TrainOptions(device=args.device)
+    eager = build_members(name, [data], seeds, [config] * members, options)
+    fused = FusedTrainer(eager.trainers, eager.generators, seeds)
+
+    def eager_call() -> None:
+        if members == 1:
+            batch = TorchBatch.from_batch(eager.samplers[0].sample(), device)
+            eager.trainers[0].update(batch)
+        else:
+            fused.update(TorchBatch.from_batch(sample_stacked(eager.samplers), device))
+
+    eager_rate = _timed(eager_call, 1, args.seconds, sync)
+    built = build_members(name, [data], seeds, [config] * members, options)
+    begin = time.perf_counter()
+    per_call = args.steps_per_call
+    updates = graphed_updates(
+        built.trainers,
+        built.generators,
+        seeds,
+        built.samplers,
+        mode="eager" if args.dry_run else "captured",
+        steps_per_call=per_call,
+        compile_update=compiled,
+    )
+    prepare_seconds = time.perf_counter() - begin
+    captured_rate = _timed(lambda: updates.run(per_call), per_call, args.seconds, sync)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    absolute: dict[str, Any] = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "mode": updates.mode,
+        "compiled": compiled,
+        "prepare_seconds": prepare_seconds,
+        "member_steps_per_s": captured_rate * members,
+        "eager_member_steps_per_s": eager_rate * members,
+    }
+    if compiled and members == 1 and name in PLAIN_STEPS:
+        absolute.update(_plain_captured(name, data, device, args, sync))
+    form = "compiled_captured" if compiled else "captured"
+    return {
+        "benchmark": f"graph_step_{name}_k{members}_{form}_{device.type}",
+        "unit": "gradient steps/s (each member's)",
+        "offaug": captured_rate,
+        "baseline": eager_rate,
+        "baseline_name": "today's eager step"
+        + (" (trainer.update)" if members == 1 else " (FusedTrainer.update)"),
+        "ratio": captured_rate / eager_rate,
+        "goal": None,
+        "repeats": 1,
+        "size": {
+            "members": members,
+            "steps_per_call": per_call,
+            "config": config or "defaults",
+            "seconds_per_side": args.seconds,
+        },
+        "notes": (
+            "synthetic transitions with Hopper-v5's shapes; the graph-safe step"
+            f" {form.replace('_', ' then ')} ({per_call} steps per CUDA graph, batches drawn on"
+            " the device) against the eager step on numpy batches; the device synchronised at"
+            " each timing's ends"
+        ),
+        "absolute": absolute,
+    }
 
 
 def _plain_captured(

@@ -49,9 +49,7 @@ def every_phase_step(spec: FusedSpec) -> int:
     return -(-start // period) * period
 
 
-def masked_adam(
-    adam: FlatAdam, grad: torch.Tensor, lr: torch.Tensor, mask: torch.Tensor
-) -> None:
+def masked_adam(adam: FlatAdam, grad: torch.Tensor, lr: torch.Tensor, mask: torch.Tensor) -> None:
     """One Adam step of the members where ``mask`` ``(K, 1)`` (bool), in place; torch's Adam
     formula (bias corrections from float64 step counts), the others' tensors unchanged."""
     steps = adam.steps + mask
@@ -84,16 +82,16 @@ class GraphStep:
         device = fused.device
         self.step = torch.tensor(fused.steps, dtype=torch.int64, device=device)
         """The device's step counter (the host's is ``fused.steps``, moved by :meth:`sync_host`)."""
-        self.metric_sums = {
-            name: torch.zeros(self.members, device=device) for name in spec.metrics
-        }
+        self.metric_sums = {name: torch.zeros(self.members, device=device) for name in spec.metrics}
         self.metric_count = torch.zeros((), device=device)
         self.draw_step = every_phase_step(spec)
         # Each optimiser's Adam steps must be counted on the device from here on.
         for adam in fused.adams.values():
             adam._steps_agree = False
         self._buffers = dict(
-            fused._row_buffers if fused.stacked and fused._row_buffers is not None else fused.buffers
+            fused._row_buffers
+            if fused.stacked and fused._row_buffers is not None
+            else fused.buffers
         )
 
     # -- inputs --------------------------------------------------------------------------------

@@ -31,10 +31,10 @@ from offaug.algorithms import registry
 from offaug.algorithms.base import Trainer, config_to_json, reads_sources, spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.algorithms.fused.graph_step import GraphStep
 from offaug.algorithms.fused.specs import has_fused_spec
 from offaug.algorithms.fused.trainer import FusedTrainer, member_generator
 from offaug.algorithms.runtime import configure_torch, seed_everything
-from offaug.algorithms.fused.graph_step import GraphStep
 from offaug.algorithms.training.graphed import GraphedUpdates, GraphFallbackWarning
 from offaug.algorithms.training.loop import (
     BatchPreparation,

@@ -59,7 +59,10 @@ class DeviceSampler:
         tables = [_pool_columns(pool, self.next_actions) for pool in first.pools]
         rows = [pool.rows for pool in first.pools]
         offsets = np.cumsum([0, *rows])[:-1]
-        self.weighted = [pool.weighted and count > 0 for pool, count in zip(first.pools, self.counts, strict=True)]
+        self.weighted = [
+            pool.weighted and count > 0
+            for pool, count in zip(first.pools, self.counts, strict=True)
+        ]
         columns = {name: np.concatenate([t[name] for t in tables]) for name in tables[0]}
         if self.next_actions:
             # Successor rows are local to each source: shift them to the joined table.

@@ -40,8 +40,8 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
-from offaug.algorithms.runtime import configure_torch, seed_everything
 from offaug.algorithms.fused.trainer import member_generator
+from offaug.algorithms.runtime import configure_torch, seed_everything
 from offaug.algorithms.training.compiling import compile_trainer
 from offaug.algorithms.training.graphed import GraphedUpdates, StepMode, graphed_updates
 from offaug.algorithms.training.state_noise import StateNoise, StateNoiser, observation_std
@@ -56,7 +56,6 @@ from offaug.datasets.sampler import MixtureSampler
 from offaug.datasets.shards import ShardSet
 from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import Transitions
-
 
 CompileStep = Literal["auto", "on", "off"]
 """Whether training takes the graph-safe step (:attr:`TrainOptions.compile_step`)."""
@@ -250,9 +249,7 @@ def train(
             if updates is not None and reads_trainer(step, options):
                 updates.step.fused.member(0)  # the trainer's own tensors, for act and checkpoints
             if step % options.log_every == 0 or step == options.steps:
-                metrics = (
-                    _mean_metrics(pending) if updates is None else _graphed_metrics(updates)
-                )
+                metrics = _mean_metrics(pending) if updates is None else _graphed_metrics(updates)
                 metrics.update(prepare.flush_metrics())
                 pending.clear()
                 metrics["steps_per_s"] = (step - start) / (time.perf_counter() - started)
@@ -291,9 +288,7 @@ def train(
     return TrainResult(run_dir, options.steps, last_eval, checkpoint_path, ess)
 
 
-def graph_step_mode(
-    algorithm: str, options: TrainOptions, device: torch.device
-) -> StepMode | None:
+def graph_step_mode(algorithm: str, options: TrainOptions, device: torch.device) -> StepMode | None:
     """How a single-seed run takes the graph-safe step (None: the learner's own ``update``)."""
     if options.compile_step == "off":
         return None

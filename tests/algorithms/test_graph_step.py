@@ -68,7 +68,7 @@ def test_graph_step_equals_the_learners_update(
         noise = step.draw(batch_size)
         step(fields_of(batch), noise, None if masked else phase_pattern(step.spec, number))
         member_noise = {name: value[0] for name, value in noise.items()}
-        single.draw_noise = lambda *_: member_noise  # type: ignore[attr-defined]
+        single.draw_noise = lambda *_, given=member_noise: given  # type: ignore[attr-defined]
         single.update(TorchBatch(**{k: v[0] for k, v in fields_of(batch).items()}))
     step.sync_host(5)
     assert step.fused.frozen == []
@@ -76,7 +76,9 @@ def test_graph_step_equals_the_learners_update(
 
 
 def test_every_phase_step_is_where_all_phases_run(hopper: Transitions) -> None:
-    step, _ = graph_step("bcq", hopper, {**TINY["bcq"], "rl_start_step": 3, "update_actor_interval": 2})
+    step, _ = graph_step(
+        "bcq", hopper, {**TINY["bcq"], "rl_start_step": 3, "update_actor_interval": 2}
+    )
     assert every_phase_step(step.spec) == 4  # update_actor_interval 2, from step 3
 
 
@@ -210,7 +212,9 @@ def test_a_fused_run_takes_the_graph_step_too(
 
     monkeypatch.setattr(fused_train, "graph_step_mode", lambda *_: "eager")
     options = TrainOptions(steps=5, log_every=2, checkpoint_every=5, eval_every=0, seeds=(0, 1))
-    result = fused_train.train_fused("td3bc", [hopper], tmp_path, config=TINY["td3bc"], options=options)
+    result = fused_train.train_fused(
+        "td3bc", [hopper], tmp_path, config=TINY["td3bc"], options=options
+    )
     for run in result.runs:
         lines = (run.out / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 3 and '"critic_loss"' in lines[0]
