@@ -401,7 +401,8 @@ def _graphed(
     algorithm: str, fused: FusedTrainer, samplers: Sequence[MixtureSampler], options: TrainOptions
 ) -> GraphedUpdates | None:
     """The members' graph-safe steps where ``options`` take them, else None."""
-    mode = graph_step_mode(algorithm, options, fused.device)
+    hidden = getattr(fused.trainers[0].config, "hidden", ())
+    mode = graph_step_mode(algorithm, options, fused.device, hidden)
     if mode is None:
         return None
     try:

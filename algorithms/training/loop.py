@@ -63,9 +63,14 @@ CompileStep = Literal["auto", "on", "off"]
 GRAPH_STEP_LEARNERS = frozenset({"bc", "td3bc", "iql", "rebrac", "cql", "bcq"})
 """Learners whose update runs as the graph-safe step (continuous actions)."""
 
-CPU_COMPILED_STEP: frozenset[str] = frozenset()
-"""Learners whose compiled step ``compile_step: auto`` takes on a CPU: where
-``benchmarks/bench_algorithms.py --only compiled_step`` measured a gain at both sizes."""
+CPU_COMPILED_STEP: Mapping[str, int] = {"iql": 64, "td3bc": 64, "cql": 64}
+"""Learners whose compiled step ``compile_step: auto`` takes on a CPU, and the widest hidden
+layer at which it does: ``benchmarks/bench_algorithms.py --only compiled_step`` measured a gain
+at 64x64 networks and none to count on at 256x256 (records ``train_*_compiled_step_*``)."""
+
+CPU_COMPILED_STEP_MIN_STEPS = 100_000
+"""The shortest run ``auto`` compiles on a CPU: compiling takes a minute or more there, which a
+small network's faster steps repay only after tens of thousands of steps."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +115,8 @@ class TrainOptions:
     compile_step: CompileStep = "auto"
     """The graph-safe step (:mod:`offaug.algorithms.training.graphed`): ``on`` trains with it
     (captured in CUDA graphs on a GPU, compiled on a CPU), ``off`` with the learner's own
-    ``update``; ``auto`` where it was measured to pay (every fusable learner on a GPU; on a
-    CPU, :data:`CPU_COMPILED_STEP`). Weighted runs, runs with state noise and ``compile``
+    ``update``; ``auto`` where it was measured to pay (every learner it serves on a GPU; on a
+    CPU, small networks in long runs: :data:`CPU_COMPILED_STEP`). Weighted runs, runs with state noise and ``compile``
     runs train without it."""
     steps_per_call: int = 4
     """Steps captured in one CUDA graph (the graph-safe step, on a GPU)."""
@@ -218,7 +223,7 @@ def train(
             ],
         },
     )
-    mode = graph_step_mode(algorithm, options, device)
+    mode = graph_step_mode(algorithm, options, device, getattr(trainer.config, "hidden", ()))
     updates: GraphedUpdates | None = None
     if mode is not None:
         updates = graphed_updates(
@@ -310,9 +315,11 @@ def graph_step_mode(algorithm: str, options: TrainOptions, device: torch.device)
         return None
     if device.type == "cuda":
         return "captured"
-    if options.compile_step == "on" or algorithm in CPU_COMPILED_STEP:
+    if options.compile_step == "on":
         return "compiled"
-    return None
+    widest = CPU_COMPILED_STEP.get(algorithm, 0)
+    small = bool(hidden) and max(hidden) <= widest
+    return "compiled" if small and options.steps >= CPU_COMPILED_STEP_MIN_STEPS else None
 
 
 def next_boundary(done: int, options: TrainOptions) -> int:

@@ -185,6 +185,12 @@ def test_graph_step_mode_is_chosen_once_from_the_options() -> None:
     assert graph_step_mode("td3bc", TrainOptions(), cuda) == "captured"
     assert graph_step_mode("td3bc", TrainOptions(compile_step="on"), cpu) == "compiled"
     assert graph_step_mode("td3bc", TrainOptions(compile_step="off"), cuda) is None
+    # auto on a CPU: small networks in long runs only.
+    long = TrainOptions(steps=200_000)
+    assert graph_step_mode("iql", long, cpu, (64, 64)) == "compiled"
+    assert graph_step_mode("iql", long, cpu, (256, 256)) is None
+    assert graph_step_mode("iql", TrainOptions(steps=1_000), cpu, (64, 64)) is None
+    assert graph_step_mode("bcq", long, cpu, (64, 64)) is None
     assert graph_step_mode("sac", TrainOptions(), cuda) is None
     assert graph_step_mode("td3bc", TrainOptions(weighting="behaviour"), cuda) is None
     with pytest.raises(ValueError, match="no graph-safe step"):
