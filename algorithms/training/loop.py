@@ -116,8 +116,8 @@ class TrainOptions:
     """The graph-safe step (:mod:`offaug.algorithms.training.graphed`): ``on`` trains with it
     (captured in CUDA graphs on a GPU, compiled on a CPU), ``off`` with the learner's own
     ``update``; ``auto`` where it was measured to pay (every learner it serves on a GPU; on a
-    CPU, small networks in long runs: :data:`CPU_COMPILED_STEP`). Weighted runs, runs with state noise and ``compile``
-    runs train without it."""
+    CPU, small networks in long runs: :data:`CPU_COMPILED_STEP`). Weighted runs, runs with
+    state noise and ``compile`` runs train without it."""
     steps_per_call: int = 4
     """Steps captured in one CUDA graph (the graph-safe step, on a GPU)."""
     seeds: tuple[int, ...] | None = None
@@ -293,8 +293,11 @@ def train(
     return TrainResult(run_dir, options.steps, last_eval, checkpoint_path, ess)
 
 
-def graph_step_mode(algorithm: str, options: TrainOptions, device: torch.device) -> StepMode | None:
-    """How a single-seed run takes the graph-safe step (None: the learner's own ``update``)."""
+def graph_step_mode(
+    algorithm: str, options: TrainOptions, device: torch.device, hidden: Sequence[int] = ()
+) -> StepMode | None:
+    """How a run takes the graph-safe step (None: the learner's own ``update``); ``hidden``,
+    the learner's hidden widths, decide ``auto`` on a CPU (:data:`CPU_COMPILED_STEP`)."""
     if options.compile_step == "off":
         return None
     # Weighted runs count the weights they use per batch on the host's side (WeightUsage).
