@@ -87,12 +87,8 @@ class GraphStep:
         self.draw_step = every_phase_step(spec)
         # Each optimiser's Adam steps must be counted on the device from here on.
         for adam in fused.adams.values():
-            adam._steps_agree = False
-        self._buffers = dict(
-            fused._row_buffers
-            if fused.stacked and fused._row_buffers is not None
-            else fused.buffers
-        )
+            adam.steps_may_differ()
+        self._buffers = fused.loss_buffers
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -200,7 +196,7 @@ class GraphStep:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The members' losses and metrics ``(K,)``: once on the stacked tensors, member 0's
         alone (K = 1), or under ``vmap``."""
-        container = self.fused._container
+        container = self.fused.container
 
         def member(
             tensors: dict[str, torch.Tensor],
