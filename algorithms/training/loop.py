@@ -285,7 +285,15 @@ def train(
                 log.flush()
             if step % options.checkpoint_every == 0 or step == options.steps:
                 write_checkpoint(
-                    trainer, sampler, prepare, algorithm, resolved_config, spaces, step, run_dir
+                    trainer,
+                    sampler,
+                    prepare,
+                    algorithm,
+                    resolved_config,
+                    spaces,
+                    step,
+                    run_dir,
+                    _noise_state(updates),
                 )
     if env is not None:
         env.close()
@@ -339,6 +347,15 @@ def reads_trainer(step: int, options: TrainOptions) -> bool:
     """Whether the loop evaluates or checkpoints the trainer after ``step``."""
     evaluates = options.eval_every > 0 and step % options.eval_every == 0
     return evaluates or step % options.checkpoint_every == 0 or step == options.steps
+
+
+def _noise_state(updates: GraphedUpdates | None) -> torch.Tensor | None:
+    """On a CPU, the graph-safe step's noise stream, which a resumed run continues from the
+    checkpoint's ``torch_rng`` (None: the global generator's, as the learner's ``update``)."""
+    if updates is None:
+        return None
+    generator = updates.step.fused.generators[0]
+    return generator.get_state() if generator.device.type == "cpu" else None
 
 
 def _graphed_metrics(updates: GraphedUpdates) -> dict[str, float]:
