@@ -188,7 +188,8 @@ def test_graph_step_mode_is_chosen_once_from_the_options() -> None:
     # auto on a CPU: small networks in long runs only.
     long = TrainOptions(steps=200_000)
     assert graph_step_mode("iql", long, cpu, (64, 64)) == "compiled"
-    assert graph_step_mode("iql", long, cpu, (256, 256)) is None
+    assert graph_step_mode("cql", long, cpu, (256, 256)) is None
+    assert graph_step_mode("iql", long, cpu, (512, 512)) is None
     assert graph_step_mode("iql", TrainOptions(steps=1_000), cpu, (64, 64)) is None
     assert graph_step_mode("bcq", long, cpu, (64, 64)) is None
     assert graph_step_mode("sac", TrainOptions(), cuda) is None
