@@ -406,7 +406,7 @@ def _graphed(
     if mode is None:
         return None
     try:
-        return GraphedUpdates.build(
+        updates = GraphedUpdates.build(
             GraphStep(fused), samplers, mode=mode, steps_per_call=options.steps_per_call
         )
     except ValueError as exc:  # members on data of their own: one device table holds one set
@@ -416,6 +416,8 @@ def _graphed(
             stacklevel=3,
         )
         return None
+    # After a failed compile or capture (it warned), the fused trainer's own step is faster.
+    return updates if updates.mode == mode else None
 
 
 def _graphed_means(updates: GraphedUpdates) -> list[dict[str, float]]:

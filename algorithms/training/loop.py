@@ -235,6 +235,8 @@ def train(
             mode=mode,
             steps_per_call=options.steps_per_call,
         )
+        if updates.mode != mode:
+            updates = None  # it warned: the learner's own update is the faster eager step
     ran = start
     env = None
     scores = reference_scores(meta, options.env_id)

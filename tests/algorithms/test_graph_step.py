@@ -226,3 +226,17 @@ def test_a_fused_run_takes_the_graph_step_too(
         lines = (run.out / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 3 and '"critic_loss"' in lines[0]
         assert load_checkpoint(run.checkpoint).state["steps"] == 5
+
+
+def test_train_falls_back_to_the_learners_update_with_one_warning(
+    hopper: Transitions, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    from offaug.algorithms.training import loop
+    from offaug.algorithms.training.graphed import GraphFallbackWarning
+
+    monkeypatch.setattr(loop, "graph_step_mode", lambda *_: "captured")  # no CUDA here
+    options = TrainOptions(steps=3, log_every=3, checkpoint_every=3, eval_every=0)
+    with pytest.warns(GraphFallbackWarning) as caught:
+        loop.train("td3bc", [hopper], tmp_path, config=TINY["td3bc"], options=options)
+    assert len(caught) == 1
+    assert (tmp_path / "checkpoint.pt").is_file()
