@@ -14,8 +14,9 @@ members; K = 1 for a single-seed run) with batches from a
   registered with the graph, so every replay draws new rows and noise.
 
 Compiling and capturing happen in :meth:`GraphedUpdates.build`, on warm-up steps whose effects
-(parameters, moments, counters, generators) are undone afterwards. When either fails the run goes
-on in ``eager`` mode with one :class:`GraphFallbackWarning` naming the cause.
+(parameters, moments, counters, generators) are undone afterwards. When either fails, it warns
+once (:class:`GraphFallbackWarning`, naming the cause) and is left in ``eager`` mode, with nothing
+changed; the training loops then go on with the learner's own update.
 """
 
 from __future__ import annotations
