@@ -151,7 +151,7 @@ def parse_graph_args(argv: list[str] | None) -> argparse.Namespace:
         "--time-limit",
         type=float,
         default=None,
-        help="seconds for offaug (CQL pace, default 420) or to start measurements (graph, 300)",
+        help="seconds for offaug (CQL pace, default 420) or to start measurements (graph, 270)",
     )
     parser.add_argument("--baseline-steps", type=int, default=2_000, help="baseline steps")
     parser.add_argument("--block", type=int, default=1_000, help="steps per timed block")
@@ -162,7 +162,7 @@ def parse_graph_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compiled-members", default="1", help="graph suite: K values also compiled ('' none)"
     )
-    parser.add_argument("--seconds", type=float, default=2.0, help="graph suite: per side")
+    parser.add_argument("--seconds", type=float, default=1.5, help="graph suite: per side")
     parser.add_argument("--steps-per-call", type=int, default=8, help="graph suite")
     parser.add_argument("--dry-run", action="store_true", help="graph suite: tiny, CPU, eager")
     args = parser.parse_args(argv)
@@ -173,7 +173,7 @@ def parse_graph_args(argv: list[str] | None) -> argparse.Namespace:
     args.members = [int(k) for k in args.members.split(",") if k]
     args.compiled_members = [int(k) for k in args.compiled_members.split(",") if k]
     if args.time_limit is None:
-        args.time_limit = 420.0 if args.suite == "cql" else 300.0
+        args.time_limit = 420.0 if args.suite == "cql" else 270.0
     if args.dry_run:
         args.device, args.seconds, args.time_limit = "cpu", 0.05, 120.0
     return args

@@ -71,7 +71,7 @@ def test_gpu_graph_suite_arguments() -> None:
     args = bench_gpu.parse_graph_args(["--suite", "graph", "--members", "1,10"])
     assert args.learners == list(bench_gpu.GRAPH_LEARNERS)
     assert (args.members, args.compiled_members, args.device) == ([1, 10], [1], "cuda")
-    assert args.time_limit == 300.0
+    assert args.time_limit == 270.0
     with pytest.raises(SystemExit):
         bench_gpu.parse_graph_args(["--suite", "graph", "--learners", "sac"])
 
