@@ -117,8 +117,10 @@ class FusedSpec:
     draws it (a :data:`Randn` suffices for learners that draw normal noise only)."""
     carried: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     """Metrics of phases that do not run every step, as the learner last reported them."""
-    schedule: Callable[[int, Hyper], dict[str, Any]] | None = None
-    """``(step, hyper) -> overridden hyperparameters`` of that step (learning-rate schedules)."""
+    schedule: Callable[[Any, Hyper], dict[str, Any]] | None = None
+    """``(step, hyper) -> overridden hyperparameters`` of that step (learning-rate schedules).
+    ``step`` is an int, or a 0-d int64 device tensor in a graph-safe step
+    (:mod:`offaug.algorithms.fused.graph_step`), which a schedule must not read on the host."""
     tau: str = "tau"
     """Key in :attr:`hyperparameters` of the Polyak rate."""
     restore: Callable[[Mapping[str, torch.Tensor]], None] | None = None

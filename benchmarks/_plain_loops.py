@@ -49,11 +49,12 @@ def _lerp(target: nn.Module, source: nn.Module, tau: float) -> None:
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
-def td3bc_step(spaces: Any, hidden: int) -> Callable[[Any], None]:
+def td3bc_step(spaces: Any, hidden: int, device: str = "cpu") -> Callable[[Any], None]:
     """One TD3+BC update per call (Fujimoto and Gu's reference loop, in plain PyTorch)."""
     obs_dim, act_dim = spaces.observation_dim, spaces.action_dim
-    actor = _mlp(obs_dim, hidden, act_dim, tanh=True)
-    q1, q2 = _mlp(obs_dim + act_dim, hidden, 1), _mlp(obs_dim + act_dim, hidden, 1)
+    actor = _mlp(obs_dim, hidden, act_dim, tanh=True).to(device)
+    q1 = _mlp(obs_dim + act_dim, hidden, 1).to(device)
+    q2 = _mlp(obs_dim + act_dim, hidden, 1).to(device)
     actor_target, q1_target, q2_target = (copy.deepcopy(m) for m in (actor, q1, q2))
     actor_optimizer = _adam(actor, 3e-4)
     critic_optimizer = _adam([*q1.parameters(), *q2.parameters()], 3e-4)
@@ -90,14 +91,17 @@ def td3bc_step(spaces: Any, hidden: int) -> Callable[[Any], None]:
     return update
 
 
-def iql_step(spaces: Any, hidden: int, decay_steps: int = 1_000_000) -> Callable[[Any], None]:
+def iql_step(
+    spaces: Any, hidden: int, decay_steps: int = 1_000_000, device: str = "cpu"
+) -> Callable[[Any], None]:
     """One IQL update per call (the paper's losses as CORL's loop writes them)."""
     obs_dim, act_dim = spaces.observation_dim, spaces.action_dim
-    actor = _mlp(obs_dim, hidden, act_dim, tanh=True)
-    log_std = nn.Parameter(torch.zeros(act_dim))
-    q1, q2 = _mlp(obs_dim + act_dim, hidden, 1), _mlp(obs_dim + act_dim, hidden, 1)
+    actor = _mlp(obs_dim, hidden, act_dim, tanh=True).to(device)
+    log_std = nn.Parameter(torch.zeros(act_dim, device=device))
+    q1 = _mlp(obs_dim + act_dim, hidden, 1).to(device)
+    q2 = _mlp(obs_dim + act_dim, hidden, 1).to(device)
     q1_target, q2_target = copy.deepcopy(q1), copy.deepcopy(q2)
-    value = _mlp(obs_dim, hidden, 1)
+    value = _mlp(obs_dim, hidden, 1).to(device)
     actor_optimizer = _adam([*actor.parameters(), log_std], 3e-4)
     critic_optimizer = _adam([*q1.parameters(), *q2.parameters()], 3e-4)
     value_optimizer = _adam(value, 3e-4)

@@ -22,13 +22,19 @@ buys where offaug turns it on, Gaussian BC (the behaviour model of every pipelin
 compiled trainer against the same trainer uncompiled, in the same process, interleaved; the
 compile time is in ``absolute``. Its goal is 1.0: compiling is only offered where it pays.
 
+``compiled_step`` measures the CPU's compiled graph-safe step (``offaug train --compile-step
+on``: the learner's update as one function, ``torch.compile(fullgraph=True)``, its batches drawn
+by the device sampler) for IQL, TD3+BC and CQL against today's eager single-seed step
+(``TorchBatch.from_batch(sampler.sample())`` + ``trainer.update``), same sizes, same process,
+interleaved; the compile time is in ``absolute``. Goals: 1.3x at 64x64, at least 1.0 at 256x256.
+
 ``kept_memory`` times one CQL trainer with offaug's malloc settings
 (``offaug.algorithms.runtime.keep_freed_memory``, which every offaug training process and Dask
 worker applies) against the settings Dask's nanny starts workers with (freed memory handed back
 to the kernel at once), switching the process-wide settings between interleaved blocks; the
 minor page faults per step of each side are in ``absolute``.
 
-Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,bc,iql,rebrac]``; JSON
+Usage: ``python benchmarks/bench_algorithms.py [--quick] [--only cql,iql,compiled_step]``; JSON
 lines on stdout.
 """
 
@@ -479,6 +485,74 @@ def _measure_kept_memory(
     )
 
 
+COMPILED_STEP_GOALS = {64: 1.3, 256: 1.0}
+COMPILED_STEP_LEARNERS = ("iql", "td3bc", "cql")
+
+
+def _measure_compiled_step(
+    name: str, hidden: int, data: Any, steps: int, repeats: int, reporter: Reporter
+) -> None:
+    import numpy as np
+    import torch
+
+    from offaug.algorithms.fused.train import build_members
+    from offaug.algorithms.training.graphed import graphed_updates
+    from offaug.algorithms.training.loop import TrainOptions
+
+    batch = 256
+    sizes = [hidden, hidden]
+    config = {"hidden": sizes, "batch_size": batch}
+    options = TrainOptions(device="cpu")
+    eager = build_members(name, [data], (0,), [config], options)
+    graphed = build_members(name, [data], (0,), [config], options)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="offaug-bench-inductor-")
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    updates = graphed_updates(
+        graphed.trainers, graphed.generators, (0,), graphed.samplers, mode="compiled"
+    )
+    compile_seconds = time.perf_counter() - start
+    if updates.mode != "compiled":
+        raise RuntimeError("torch.compile fell back to eager (see the warning above)")
+
+    def compiled_block() -> float:
+        begin = time.perf_counter()
+        updates.run(steps)
+        return time.perf_counter() - begin
+
+    def eager_block() -> float:
+        return update_block(eager.trainers[0], eager.samplers[0], steps)
+
+    compiled_block()
+    eager_block()
+    mine, theirs = interleave(compiled_block, eager_block, repeats)
+    gain = float(np.median(theirs) / np.median(mine))
+    reporter.emit(
+        throughput_record(
+            benchmark=f"train_{name}_compiled_step_{hidden}x{hidden}",
+            unit="gradient steps/s",
+            work=steps,
+            offaug_times=mine,
+            baseline_times=theirs,
+            baseline_name=f"offaug {name} eager single-seed step (sample, from_batch, update)",
+            goal=COMPILED_STEP_GOALS[hidden],
+            size={"hidden": sizes, "batch_size": batch, "steps_per_block": steps},
+            notes=(
+                "one CPU thread; the graph-safe step (device sampler, masked phases, written-out"
+                " Adam) compiled by torch.compile(fullgraph=True, Inductor), as offaug train"
+                " --compile-step on runs it"
+            ),
+            absolute={
+                "compile_seconds_cold_cache": compile_seconds,
+                "break_even_steps": compile_seconds
+                / max(1e-12, float(np.median(theirs) - np.median(mine)) / steps)
+                if gain > 1
+                else None,
+            },
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute")
@@ -496,7 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         for hidden in (64, 256):
             steps = (20 if hidden == 256 else 50) if args.quick else (100 if hidden == 256 else 300)
             log(f"{name} {hidden}x{hidden}: {repeats} x {steps} steps each side")
-            if name == "bc_compile":
+            if name == "compiled_step":
+                for learner in COMPILED_STEP_LEARNERS:
+                    _measure_compiled_step(learner, hidden, data, 2 * steps, repeats, reporter)
+            elif name == "bc_compile":
                 _measure_compile(hidden, data, 4 * steps, repeats, reporter)
             elif name == "kept_memory":
                 _measure_kept_memory(hidden, data, max(steps // 10, 5), repeats, reporter)

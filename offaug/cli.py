@@ -46,6 +46,14 @@ app.command("verify")(cli_data.verify)
 _NOT_EVALUATED = "not evaluated (--eval-every 0 or --eval-episodes 0): no return or score"
 
 
+class CompileStepKind(str, Enum):
+    """``offaug train --compile-step``: whether training takes the graph-safe step."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 @app.command("train")
 def train_command(
     algorithm: Annotated[
@@ -108,6 +116,16 @@ def train_command(
             help="torch.compile the learner where it pays (see docs/performance.md).",
         ),
     ] = False,
+    compile_step: Annotated[
+        CompileStepKind,
+        typer.Option(
+            help="The graph-safe step: captured in CUDA graphs on a GPU, compiled on a CPU;"
+            " auto where it pays (see docs/training.md).",
+        ),
+    ] = CompileStepKind.auto,
+    steps_per_call: Annotated[
+        int, typer.Option(help="Steps per captured CUDA graph (graph-safe step).")
+    ] = 4,
 ) -> None:
     """Train an offline learner; metrics, evaluations and checkpoints go to OUT."""
     from offaug.algorithms.registry import ALGORITHMS, policy_weighting_refusal
@@ -152,6 +170,8 @@ def train_command(
         device=device,
         threads=threads,
         compile=compile,
+        compile_step=compile_step.value,
+        steps_per_call=steps_per_call,
     )
     if seed_values is not None:
         _train_seeds(algorithm, sources, out, overrides, options, resume)

@@ -46,6 +46,37 @@ def test_gpu_benchmark_runs_on_the_cpu_and_prints_one_record(tmp_path: Path) -> 
     assert record["ratio"] == pytest.approx(record["offaug"] / record["baseline"])
 
 
+def test_gpu_graph_suite_dry_run_measures_each_learner_and_member_count(tmp_path: Path) -> None:
+    args = ["--suite", "graph", "--dry-run", "--learners", "td3bc,cql", "--members", "1,2"]
+    done = _run("bench_gpu.py", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert [r["benchmark"] for r in records] == [
+        "graph_step_td3bc_k1_captured_cpu",
+        "graph_step_td3bc_k2_captured_cpu",
+        "graph_step_cql_k1_captured_cpu",
+        "graph_step_cql_k2_captured_cpu",
+        "graph_step_td3bc_k1_compiled_captured_cpu",
+        "graph_step_cql_k1_compiled_captured_cpu",
+    ]
+    assert all(r["absolute"]["device"] == "cpu" and r["offaug"] > 0 for r in records)
+    assert records[4]["absolute"]["plain_compiled_captured_steps_per_s"] > 0
+
+
+def test_gpu_graph_suite_arguments() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_gpu
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    args = bench_gpu.parse_graph_args(["--suite", "graph", "--members", "1,10"])
+    assert args.learners == list(bench_gpu.GRAPH_LEARNERS)
+    assert (args.members, args.compiled_members, args.device) == ([1, 10], [1], "cuda")
+    assert args.time_limit == 270.0
+    with pytest.raises(SystemExit):
+        bench_gpu.parse_graph_args(["--suite", "graph", "--learners", "sac"])
+
+
 def test_the_affine_layer_benchmark_times_both_sides_at_each_shape(tmp_path: Path) -> None:
     done = _run("bench_fused.py", "--quick", "--only", "affine", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

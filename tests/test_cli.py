@@ -91,6 +91,19 @@ def test_train_compile_flag_reaches_the_learner(make_test_dataset, tmp_path: Pat
     assert recorded["compiled"] == ["loss"]  # Gaussian BC, the default policy
 
 
+def test_train_compile_step_option_reaches_the_run(make_test_dataset, tmp_path: Path) -> None:
+    dataset = make_test_dataset("hopper", "hdf5").dataset_id
+    out = tmp_path / "run"
+    args = ["train", "td3bc", dataset, "--steps", "4", "--log-every", "2", "--eval-every", "0"]
+    options = ["--compile-step", "off", "--steps-per-call", "2", "--out", str(out)]
+    result = runner.invoke(app, [*args, *options])
+    assert result.exit_code == 0, result.output
+    recorded = json.loads((out / "config.json").read_text())["options"]
+    assert (recorded["compile_step"], recorded["steps_per_call"]) == ("off", 2)
+    refused = runner.invoke(app, [*args, "--compile-step", "on", "--weighting", "behaviour"])
+    assert refused.exit_code != 0 and "no graph-safe step" in refused.output
+
+
 def test_train_refuses_policy_weighting_for_a_learner_without_a_density(
     minari_root: Path, tmp_path: Path
 ) -> None:

@@ -87,6 +87,11 @@ class FlatAdam:
         # Until a member is frozen, every member has taken the same steps.
         self._steps_agree = bool((self.steps == self.steps[0]).all())
 
+    def steps_may_differ(self) -> None:
+        """From now on the members' step counts may differ (another stepper, such as the
+        graph-safe step's masked Adam, moves them): no fused-kernel shortcut."""
+        self._steps_agree = False
+
     @torch.no_grad()
     def step(
         self,

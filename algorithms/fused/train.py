@@ -19,6 +19,7 @@ import json
 import os
 import time
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeAlias, TypeVar
@@ -30,16 +31,20 @@ from offaug.algorithms import registry
 from offaug.algorithms.base import Spaces, Trainer, config_to_json, reads_sources
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.algorithms.fused.graph_step import GraphStep
 from offaug.algorithms.fused.specs import has_fused_spec
 from offaug.algorithms.fused.trainer import FusedTrainer, member_generator
 from offaug.algorithms.runtime import configure_torch, seed_everything
+from offaug.algorithms.training.graphed import GraphedUpdates, GraphFallbackWarning
 from offaug.algorithms.training.loop import (
     BatchPreparation,
     TrainOptions,
     TrainResult,
+    graph_step_mode,
     learner_spaces,
     load_source,
     make_sampler,
+    next_boundary,
     resume_from_checkpoint,
     trainer_device,
     write_checkpoint,
@@ -222,19 +227,31 @@ def train_fused(
     envs = [make_env(meta, options.env_id) for _ in seeds] if options.evaluates else []
     last: list[EvaluationResult | None] = [None] * len(seeds)
     device = fused.device
+    updates = _graphed(algorithm, fused, samplers, options)
+    ran = start
     pending: list[dict[str, torch.Tensor]] = []
     logs = [open(d / "metrics.jsonl", "a") for d in run_dirs]  # noqa: SIM115 - closed below
     with_sources = reads_sources(fused.trainers[0])
     started = time.perf_counter()
     try:
         for step in range(start + 1, options.steps + 1):
-            raw = sample_stacked(samplers)
-            batch = TorchBatch.from_batch(raw, device, with_sources=with_sources)
-            _count_weights(preparations, batch, raw)
-            pending.append(fused.update(batch))
+            if updates is None:
+                raw = sample_stacked(samplers)
+                batch = TorchBatch.from_batch(raw, device, with_sources=with_sources)
+                _count_weights(preparations, batch, raw)
+                pending.append(fused.update(batch))
+            elif step > ran:
+                # Up to the next step the loop reads the members at, in one run of graph calls.
+                until = next_boundary(ran, options)
+                updates.run(until - ran)
+                ran = until
             if step % options.log_every == 0 or step == options.steps:
                 rate = (step - start) / (time.perf_counter() - started)
-                members = _member_means(pending, len(seeds))
+                members = (
+                    _member_means(pending, len(seeds))
+                    if updates is None
+                    else _graphed_means(updates)
+                )
                 pending.clear()
                 frozen = set(fused.frozen)
                 for seed, log, metrics, prepare in zip(
@@ -380,6 +397,37 @@ def _run_dirs(
     if len(dirs) != len(seeds):
         raise ValueError(f"{len(dirs)} run directories for {len(seeds)} seeds")
     return dirs
+
+
+def _graphed(
+    algorithm: str, fused: FusedTrainer, samplers: Sequence[MixtureSampler], options: TrainOptions
+) -> GraphedUpdates | None:
+    """The members' graph-safe steps where ``options`` take them, else None."""
+    hidden = getattr(fused.trainers[0].config, "hidden", ())
+    mode = graph_step_mode(algorithm, options, fused.device, hidden)
+    if mode is None:
+        return None
+    try:
+        updates = GraphedUpdates.build(
+            GraphStep(fused), samplers, mode=mode, steps_per_call=options.steps_per_call
+        )
+    except ValueError as exc:  # members on data of their own: one device table holds one set
+        warnings.warn(
+            f"the graph-safe step is not used ({exc}); the members train eagerly",
+            GraphFallbackWarning,
+            stacklevel=3,
+        )
+        return None
+    # After a failed compile or capture (it warned), the fused trainer's own step is faster.
+    return updates if updates.mode == mode else None
+
+
+def _graphed_means(updates: GraphedUpdates) -> list[dict[str, float]]:
+    # One host sync per log interval, as _member_means.
+    means = updates.flush_metrics()
+    names = list(means)
+    rows = torch.stack([means[n].float() for n in names]).t().tolist()  # (K, metrics)
+    return [dict(zip(names, (float(v) for v in row), strict=True)) for row in rows]
 
 
 def _member_means(pending: list[dict[str, torch.Tensor]], members: int) -> list[dict[str, float]]:

@@ -152,6 +152,18 @@ class FusedTrainer:
         self._slots = TensorSlots(self._container)
         self._inputs = [self._phase_inputs(phase) for phase in spec.phases]
 
+    @property
+    def container(self) -> nn.Module:
+        """The template learner's modules under one root (``parts.<module>.<tensor>``), whose
+        ``forward(phase, batch, noise, hyper)`` runs a phase's loss."""
+        return self._container
+
+    @property
+    def loss_buffers(self) -> dict[str, torch.Tensor]:
+        """The stacked buffers as the losses read them: one row per buffer when stacked."""
+        rows = self._row_buffers
+        return dict(rows if self.stacked and rows is not None else self.buffers)
+
     def _phase_inputs(self, phase: Phase) -> dict[str, torch.Tensor]:
         trained = {self.spec.optimizers[o].module for o in phase.optimizers}
         rows = self._row_buffers

@@ -263,14 +263,16 @@ class CQL:
         hyper.update(self.schedule(self.steps, hyper))
         return hyper
 
-    def schedule(self, step: int, hyper: Hyper) -> dict[str, Any]:
+    def schedule(self, step: int | torch.Tensor, hyper: Hyper) -> dict[str, Any]:
         """``bc_phase``: 1 during the first ``bc_steps`` steps (the actor clones), else 0.
 
         Fused, ``hyper`` holds one value per member and so does the phase."""
         if not self.config.bc_steps:
             return {}
-        warm = float(step < self.config.bc_steps)
         gamma = hyper["gamma"]
+        if isinstance(step, torch.Tensor):  # a graph-safe step's device counter
+            return {"bc_phase": torch.zeros_like(gamma) + (step < self.config.bc_steps)}
+        warm = float(step < self.config.bc_steps)
         return {"bc_phase": torch.full_like(gamma, warm) if torch.is_tensor(gamma) else warm}
 
     def draw_noise(self, batch_size: int, draws: Draws) -> dict[str, torch.Tensor]:

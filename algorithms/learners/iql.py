@@ -130,8 +130,14 @@ def gaussian_log_prob(
     return (-0.5 * z.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)
 
 
-def cosine_rate(initial: Any, step: int, decay_steps: int) -> Any:
-    """``initial * (1 + cos(pi * step / decay_steps)) / 2``, 0 from ``decay_steps`` on."""
+def cosine_rate(initial: Any, step: int | torch.Tensor, decay_steps: int) -> Any:
+    """``initial * (1 + cos(pi * step / decay_steps)) / 2``, 0 from ``decay_steps`` on.
+
+    ``step`` may be a device tensor (a graph-safe step's counter): the rate is then a tensor.
+    """
+    if isinstance(step, torch.Tensor):
+        progress_t = step.clamp(max=decay_steps).double() / decay_steps
+        return initial * (0.5 * (1.0 + torch.cos(math.pi * progress_t))).float()
     progress = min(step, decay_steps) / decay_steps
     return initial * 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -333,7 +339,7 @@ class IQL:
             "q_data": losses.q_data,
         }
 
-    def _schedule(self, step: int, hyper: Hyper) -> dict[str, Any]:
+    def _schedule(self, step: int | torch.Tensor, hyper: Hyper) -> dict[str, Any]:
         rate = cosine_rate(hyper["actor_learning_rate"], step, self.config.actor_lr_decay_steps)
         return {"actor_learning_rate": rate}
 

@@ -104,9 +104,14 @@ def batched_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     be a transposed view (an ``nn.Linear``-layout ``(E, out, in)`` stack).
     """
     inputs, outputs = weight.shape[-2:]
-    if outputs >= inputs or torch._C._functorch.maybe_current_level() is not None:
-        # A widening layer's products are already wide; under vmap (a fused run's vmapped
-        # per-member losses) the custom function has no batching rule, baddbmm's serves.
+    if (
+        outputs >= inputs
+        or torch.compiler.is_compiling()
+        or torch._C._functorch.maybe_current_level() is not None
+    ):
+        # A widening layer's products are already wide; under vmap or grad (a fused run's
+        # vmapped losses, the graph-safe step) the custom function has no functorch rule, and
+        # compiled, Inductor lays the products out itself: baddbmm's serves.
         return torch.baddbmm(bias, x, weight)
     out: torch.Tensor = _BatchedAffine.apply(x, weight, bias)
     return out

@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -40,9 +40,11 @@ from offaug.algorithms.base import (
 )
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.evaluate import EvaluationResult, evaluate, make_env, reference_scores
+from offaug.algorithms.fused.trainer import member_generator
 from offaug.algorithms.names import Weighting
 from offaug.algorithms.runtime import configure_torch, seed_everything
 from offaug.algorithms.training.compiling import compile_trainer
+from offaug.algorithms.training.graphed import GraphedUpdates, StepMode, graphed_updates
 from offaug.algorithms.training.state_noise import StateNoise, StateNoiser, observation_std
 from offaug.algorithms.training.weighting import (
     DEFAULT_MAX_WEIGHT,
@@ -54,6 +56,22 @@ from offaug.datasets.sampler import MixtureSampler
 from offaug.datasets.shards import ShardSet, is_shard_set
 from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import Transitions
+
+CompileStep = Literal["auto", "on", "off"]
+"""Whether training takes the graph-safe step (:attr:`TrainOptions.compile_step`)."""
+
+GRAPH_STEP_LEARNERS = frozenset({"bc", "td3bc", "iql", "rebrac", "cql", "bcq"})
+"""Learners whose update runs as the graph-safe step (continuous actions)."""
+
+CPU_COMPILED_STEP: Mapping[str, int] = {"iql": 256, "td3bc": 256, "cql": 64}
+"""Learners whose compiled step ``compile_step: auto`` takes on a CPU, and the widest hidden
+layer at which it does: where ``benchmarks/bench_algorithms.py --only compiled_step`` measured a
+gain (records ``train_*_compiled_step_*``): IQL and TD3+BC at 64x64 and 256x256, CQL at 64x64
+only (at 256x256 its step is as fast compiled as not)."""
+
+CPU_COMPILED_STEP_MIN_STEPS = 100_000
+"""The shortest run ``auto`` compiles on a CPU: compiling takes a minute or more there, which a
+small network's faster steps repay only after tens of thousands of steps."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +114,14 @@ class TrainOptions:
     """``torch.compile`` the learner's parts where it pays (Gaussian BC's loss, after a few
     seconds of compiling; figures in ``benchmarks/RESULTS.md``); other learners train as without
     it."""
+    compile_step: CompileStep = "auto"
+    """The graph-safe step (:mod:`offaug.algorithms.training.graphed`): ``on`` trains with it
+    (captured in CUDA graphs on a GPU, compiled on a CPU), ``off`` with the learner's own
+    ``update``; ``auto`` where it was measured to pay (every learner it serves on a GPU; on a
+    CPU, small networks in long runs: :data:`CPU_COMPILED_STEP`). Weighted runs, runs with
+    state noise and ``compile`` runs train without it."""
+    steps_per_call: int = 4
+    """Steps captured in one CUDA graph (the graph-safe step, on a GPU)."""
     seeds: tuple[int, ...] | None = None
     """Several seeds trained together as one fused run (:func:`offaug.algorithms.fused.train.
     train_fused`, each into its own run directory); ``seed`` is then unused."""
@@ -208,6 +234,20 @@ def train(
             ],
         },
     )
+    mode = graph_step_mode(algorithm, options, device, getattr(trainer.config, "hidden", ()))
+    updates: GraphedUpdates | None = None
+    if mode is not None:
+        updates = graphed_updates(
+            [trainer],
+            [member_generator(options.seed, device)],
+            [options.seed],
+            [sampler],
+            mode=mode,
+            steps_per_call=options.steps_per_call,
+        )
+        if updates.mode != mode:
+            updates = None  # it warned: the learner's own update is the faster eager step
+    ran = start
     env = None
     meta = datasets[0].meta
     scores = reference_scores(meta, options.env_id)
@@ -218,9 +258,17 @@ def train(
     started = time.perf_counter()
     with open(run_dir / "metrics.jsonl", "a") as log:
         for step in range(start + 1, options.steps + 1):
-            pending.append(trainer.update(prepare(sampler)))
+            if updates is None:
+                pending.append(trainer.update(prepare(sampler)))
+            elif step > ran:
+                # Up to the next step the loop reads the trainer at, in one run of graph calls.
+                until = next_boundary(ran, options)
+                updates.run(until - ran)
+                ran = until
+            if updates is not None and reads_trainer(step, options):
+                updates.step.fused.member(0)  # the trainer's own tensors, for act and checkpoints
             if step % options.log_every == 0 or step == options.steps:
-                metrics = _mean_metrics(pending)
+                metrics = _mean_metrics(pending) if updates is None else _graphed_metrics(updates)
                 metrics.update(prepare.flush_metrics())
                 pending.clear()
                 metrics["steps_per_s"] = (step - start) / (time.perf_counter() - started)
@@ -251,12 +299,85 @@ def train(
                 log.flush()
             if step % options.checkpoint_every == 0 or step == options.steps:
                 write_checkpoint(
-                    trainer, sampler, prepare, algorithm, resolved_config, spaces, step, run_dir
+                    trainer,
+                    sampler,
+                    prepare,
+                    algorithm,
+                    resolved_config,
+                    spaces,
+                    step,
+                    run_dir,
+                    _noise_state(updates),
                 )
     if env is not None:
         env.close()
     ess = prepare.usage.ess_fraction() if prepare.usage is not None else None
     return TrainResult(run_dir, options.steps, last_eval, checkpoint_path, ess)
+
+
+def graph_step_mode(
+    algorithm: str, options: TrainOptions, device: torch.device, hidden: Sequence[int] = ()
+) -> StepMode | None:
+    """How a run takes the graph-safe step (None: the learner's own ``update``); ``hidden``,
+    the learner's hidden widths, decide ``auto`` on a CPU (:data:`CPU_COMPILED_STEP`)."""
+    if options.compile_step == "off":
+        return None
+    # Weighted runs count the weights they use per batch on the host's side (WeightUsage).
+    supported = (
+        algorithm in GRAPH_STEP_LEARNERS
+        and options.weighting == "none"
+        and options.state_noise is None
+        and not options.compile
+    )
+    if not supported:
+        if options.compile_step == "on":
+            raise ValueError(
+                f"--compile-step on: {algorithm} with weighting {options.weighting!r}, state"
+                f" noise {options.state_noise} and compile {options.compile} has no graph-safe"
+                f" step (learners: {', '.join(sorted(GRAPH_STEP_LEARNERS))}; weighting none; no"
+                " state noise; no --compile)"
+            )
+        return None
+    if device.type == "cuda":
+        return "captured"
+    if options.compile_step == "on":
+        return "compiled"
+    widest = CPU_COMPILED_STEP.get(algorithm, 0)
+    small = bool(hidden) and max(hidden) <= widest
+    return "compiled" if small and options.steps >= CPU_COMPILED_STEP_MIN_STEPS else None
+
+
+def next_boundary(done: int, options: TrainOptions) -> int:
+    """The first step after ``done`` at which the loop logs, evaluates or checkpoints."""
+    step = done + 1
+    while step < options.steps and not (
+        step % options.log_every == 0 or reads_trainer(step, options)
+    ):
+        step += 1
+    return step
+
+
+def reads_trainer(step: int, options: TrainOptions) -> bool:
+    """Whether the loop evaluates or checkpoints the trainer after ``step``."""
+    evaluates = options.eval_every > 0 and step % options.eval_every == 0
+    return evaluates or step % options.checkpoint_every == 0 or step == options.steps
+
+
+def _noise_state(updates: GraphedUpdates | None) -> torch.Tensor | None:
+    """On a CPU, the graph-safe step's noise stream, which a resumed run continues from the
+    checkpoint's ``torch_rng`` (None: the global generator's, as the learner's ``update``)."""
+    if updates is None:
+        return None
+    generator = updates.step.fused.generators[0]
+    return generator.get_state() if generator.device.type == "cpu" else None
+
+
+def _graphed_metrics(updates: GraphedUpdates) -> dict[str, float]:
+    # One host sync per log interval, as _mean_metrics.
+    means = updates.flush_metrics()
+    names = list(means)
+    values = torch.stack([means[n][0] for n in names]).tolist()
+    return dict(zip(names, (float(v) for v in values), strict=True))
 
 
 class BatchPreparation:
