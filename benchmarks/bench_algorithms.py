@@ -495,7 +495,7 @@ def _measure_compiled_step(
     import numpy as np
     import torch
 
-    from offaug.algorithms.fused.train import build_members
+    from offaug.algorithms.training.fused_loop import build_members
     from offaug.algorithms.training.graphed import graphed_updates
     from offaug.algorithms.training.loop import TrainOptions
 

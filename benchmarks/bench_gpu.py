@@ -233,8 +233,8 @@ def _graph_record(
     from _plain_loops import PLAIN_STEPS  # imports offaug: after _import_offaug
 
     from offaug.algorithms.batch import TorchBatch
-    from offaug.algorithms.fused.train import build_members
     from offaug.algorithms.fused.trainer import FusedTrainer
+    from offaug.algorithms.training.fused_loop import build_members
     from offaug.algorithms.training.graphed import graphed_updates
     from offaug.algorithms.training.loop import TrainOptions
     from offaug.datasets.sampler import sample_stacked

@@ -213,7 +213,7 @@ def _train_seeds(
     resume: bool,
 ) -> None:
     """``offaug train --seeds``: the seeds fused in one process, OUT/seed_N each."""
-    from offaug.algorithms.fused.train import train_fused
+    from offaug.algorithms.training.fused_loop import train_fused
 
     assert options.seeds is not None
     with _TrainingProgress(algorithm, options.steps, out) as progress:

@@ -1,2 +1,3 @@
-"""K seeds of one learner trained in one process as one batched network, each member exactly
-its single-seed run."""
+"""K copies of one learner's update as one batched network: the fused trainer, the stacked
+parameters, the CQL and BCQ fused specs and the graph-safe step, each member exactly its
+single-seed run. The loops that drive it are :mod:`offaug.algorithms.training`'s."""

@@ -123,8 +123,9 @@ class TrainOptions:
     steps_per_call: int = 4
     """Steps captured in one CUDA graph (the graph-safe step, on a GPU)."""
     seeds: tuple[int, ...] | None = None
-    """Several seeds trained together as one fused run (:func:`offaug.algorithms.fused.train.
-    train_fused`, each into its own run directory); ``seed`` is then unused."""
+    """Several seeds trained together as one fused run
+    (:func:`offaug.algorithms.training.fused_loop.train_fused`, each into its own run directory);
+    ``seed`` is then unused."""
     init_checkpoint: str | None = None
     """Start the learner from this checkpoint's weights (of the same algorithm and spaces),
     then train ``steps`` steps: a continuation on other data, counted from 0 (its sampler,
@@ -189,7 +190,9 @@ def train(
     """
     options = options or TrainOptions()
     if options.seeds is not None:
-        raise ValueError("several seeds train with offaug.algorithms.fused.train.train_fused")
+        raise ValueError(
+            "several seeds train with offaug.algorithms.training.fused_loop.train_fused"
+        )
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_torch(options.threads)

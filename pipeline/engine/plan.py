@@ -28,12 +28,12 @@ an augmented arm spent (``train:LEARNER-baseline[STEPS]``), the bar
 index records each run's ``steps``, ``own_steps`` and ``rollouts``.
 
 **Fused seeds.** With ``train.fuse_seeds`` and several seeds, a learner that trains fused
-(:func:`offaug.algorithms.fused.train.fusable`; with ``auto`` and ``train.device`` set, one for
-which fusing pays on that device, :func:`~offaug.algorithms.fused.train.fusing_pays`; with ``auto``
-and no device named, the fused stage asks on its worker and trains the seeds one after another
-where fusing does not pay) trains every seed of a (recipe, learner) in one stage, ``fused:LEARNER-
-RECIPE`` (:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed by one small
-stage per seed under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
+(:func:`offaug.algorithms.training.fused_loop.fusable`; with ``auto`` and ``train.device`` set, one
+for which fusing pays on that device, :func:`~offaug.algorithms.training.fused_loop.fusing_pays`;
+with ``auto`` and no device named, the fused stage asks on its worker and trains the seeds one after
+another where fusing does not pay) trains every seed of a (recipe, learner) in one stage,
+``fused:LEARNER-RECIPE`` (:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed
+by one small stage per seed under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
 :func:`~offaug.pipeline.stages.learning.member_model`) whose result is that seed's model: every
 later stage, the run index and ``stages.json`` see each seed's model as they see a per-seed
 training's. Forcing a seed's ``train:`` stage reruns the fused stage. Policy weights, state noise
@@ -176,7 +176,7 @@ class _Planner:
             return False  # each seed starts from its own plain checkpoint: single-seed loop only
         # Imported here: the learners' modules import torch, and the client that plans a run
         # imports this module before anything heavy (offaug run takes its lock first).
-        from offaug.algorithms.fused.train import fusable, fusing_pays
+        from offaug.algorithms.training.fused_loop import fusable, fusing_pays
 
         if train.fuse_seeds == "auto" and train.device is not None:
             # The workflow names the device: whether fusing pays there is known now, and seeds

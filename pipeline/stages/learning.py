@@ -211,8 +211,8 @@ def train_offline_fused(
     :func:`train_offline` trains it.
     """
     # Imports torch: see the top.
-    from offaug.algorithms.fused.train import fusing_pays, train_fused
     from offaug.algorithms.runtime import choose_device
+    from offaug.algorithms.training.fused_loop import fusing_pays, train_fused
     from offaug.algorithms.training.loop import train
 
     per_seed = augmented if augmented is not None else [None] * len(seeds)

@@ -11,13 +11,13 @@ import torch
 
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.fused.train import train_fused
 from offaug.algorithms.learners.cql import CQL, CQLConfig
 from offaug.algorithms.learners.cql_losses import (
     conservative_gap,
     conservative_penalty,
     original_rows_gap,
 )
+from offaug.algorithms.training.fused_loop import train_fused
 from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
 from offaug.datasets import MixtureSampler, Transitions
 

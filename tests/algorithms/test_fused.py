@@ -17,9 +17,9 @@ import torch
 from typer.testing import CliRunner
 
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.fused.train import build_members, member_configs, train_fused
 from offaug.algorithms.fused.trainer import FusedTrainer, stack_batches
 from offaug.algorithms.learners.cql import CQL
+from offaug.algorithms.training.fused_loop import build_members, member_configs, train_fused
 from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
 from offaug.cli import app
 from offaug.datasets import Transitions, load_transitions, write_shard_set

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from offaug.algorithms.fused.train import build_members, member_configs
 from offaug.algorithms.fused.trainer import FusedTrainer
 from offaug.algorithms.fusing import per_member
+from offaug.algorithms.training.fused_loop import build_members, member_configs
 from offaug.algorithms.training.loop import TrainOptions
 from offaug.datasets import Transitions
 from tests.algorithms.fused_runs import (
