@@ -215,7 +215,7 @@ def test_a_fused_run_takes_the_graph_step_too(
     hopper: Transitions, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, one_thread: None
 ) -> None:
     from offaug.algorithms.base import load_checkpoint
-    from offaug.algorithms.fused import train as fused_train
+    from offaug.algorithms.training import fused_loop as fused_train
 
     monkeypatch.setattr(fused_train, "graph_step_mode", lambda *_: "eager")
     options = TrainOptions(steps=5, log_every=2, checkpoint_every=5, eval_every=0, seeds=(0, 1))
