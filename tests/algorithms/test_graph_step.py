@@ -94,15 +94,26 @@ def test_metrics_are_summed_on_the_device_and_flushed(hopper: Transitions) -> No
     assert int(step.step) == 3
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm", LEARNERS)
-def test_graph_step_compiles_whole(algorithm: str, hopper: Transitions, one_thread: None) -> None:
+@pytest.mark.parametrize(
+    ("algorithm", "backend"),
+    [
+        *[(algorithm, "aot_eager") for algorithm in LEARNERS],
+        # Inductor's code generation takes 30-45 s a learner with a cold cache: every learner is
+        # traced whole above; two are also generated and run.
+        ("td3bc", "inductor"),
+        pytest.param("cql", "inductor", marks=pytest.mark.slow),
+    ],
+)
+def test_graph_step_compiles_whole(
+    algorithm: str, backend: str, hopper: Transitions, one_thread: None
+) -> None:
     """``torch.compile(fullgraph=True)`` traces one step without a graph break (a host sync or
-    a Python branch on a tensor would be one); the compiled step equals the eager one."""
+    a Python branch on a tensor would be one): Dynamo refuses a break whatever the backend, and
+    ``aot_eager`` traces the backward pass too; the compiled step equals the eager one."""
     torch._dynamo.reset()
     eager, built = graph_step(algorithm, hopper, TINY[algorithm])
     compiled, _ = graph_step(algorithm, hopper, TINY[algorithm])
-    run = torch.compile(compiled.__call__, fullgraph=True, dynamic=False)
+    run = torch.compile(compiled.__call__, fullgraph=True, dynamic=False, backend=backend)
     for _ in range(3):
         batch = fields_of(TorchBatch.from_batch(stack_numpy([built.samplers[0].sample()])))
         noise = eager.draw(8)
