@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -71,6 +72,17 @@ GOALS = {
 }
 REBRAC_GOAL = 1 / 1.3
 """ReBRAC's steps/s over offaug TD3+BC's at equal sizes and batch: its step within 1.3x."""
+
+
+def _break_even(
+    compile_seconds: float, mine: list[float], theirs: list[float], steps: int, gain: float
+) -> float | None:
+    """Steps after which compiling has paid for itself: its cost over the seconds a compiled
+    step saves (medians of block times of ``steps`` steps); None when it saves nothing."""
+    if gain <= 1:
+        return None
+    saved_per_step = (statistics.median(theirs) - statistics.median(mine)) / steps
+    return compile_seconds / max(1e-12, saved_per_step)
 
 
 def offaug_trainer(name: str, hidden: int, batch: int, spaces: Any) -> Any:
@@ -371,10 +383,7 @@ def _measure_compile(hidden: int, data: Any, steps: int, repeats: int, reporter:
             ),
             absolute={
                 "compile_seconds_cold_cache": compile_seconds,
-                "break_even_steps": compile_seconds
-                / max(1e-12, float(np.median(theirs) - np.median(mine)) / steps)
-                if gain > 1
-                else None,
+                "break_even_steps": _break_even(compile_seconds, mine, theirs, steps, gain),
             },
         )
     )
@@ -544,10 +553,7 @@ def _measure_compiled_step(
             ),
             absolute={
                 "compile_seconds_cold_cache": compile_seconds,
-                "break_even_steps": compile_seconds
-                / max(1e-12, float(np.median(theirs) - np.median(mine)) / steps)
-                if gain > 1
-                else None,
+                "break_even_steps": _break_even(compile_seconds, mine, theirs, steps, gain),
             },
         )
     )
