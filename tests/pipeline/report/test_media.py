@@ -77,7 +77,8 @@ def test_the_animation_plays_in_headless_chromium(tmp_path: Path) -> None:
     clip = _clip(tmp_path / "square.gif", _moving_square(16), 10.0, "best")
     page = write_report({"videos": _videos({"bc-plain": [clip]})}, tmp_path / "r.html")
     assert '<img src="data:image/gif;base64,' in page.read_text(encoding="utf-8")
-    browser = Browser(chromium, tmp_path / "profile", page)
+    # Tall enough to hold the video below the report's opening sections.
+    browser = Browser(chromium, tmp_path / "profile", page, size="800,1600")
     try:
         time.sleep(1.0)  # loaded and playing
         early = _pixels(browser.screenshot())
