@@ -175,7 +175,7 @@ def _measure(
     import torch
 
     from offaug.algorithms.base import spaces_from_transitions
-    from offaug.algorithms.training.loop import make_sampler
+    from offaug.algorithms.training.batches import make_sampler
 
     batch = 100 if name == "bcq" else 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
@@ -291,7 +291,7 @@ def _measure_rebrac(hidden: int, data: Any, steps: int, repeats: int, reporter: 
 
     from offaug.algorithms import registry
     from offaug.algorithms.base import spaces_from_transitions
-    from offaug.algorithms.training.loop import make_sampler
+    from offaug.algorithms.training.batches import make_sampler
 
     batch = 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
@@ -447,7 +447,7 @@ def _measure_kept_memory(
 
     from offaug.algorithms.base import spaces_from_transitions
     from offaug.algorithms.runtime import keep_freed_memory, set_malloc
-    from offaug.algorithms.training.loop import make_sampler
+    from offaug.algorithms.training.batches import make_sampler
 
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)
     torch.manual_seed(0)
@@ -506,7 +506,7 @@ def _measure_compiled_step(
 
     from offaug.algorithms.training.fused_loop import build_members
     from offaug.algorithms.training.graphed import graphed_updates
-    from offaug.algorithms.training.loop import TrainOptions
+    from offaug.algorithms.training.options import TrainOptions
 
     batch = 256
     sizes = [hidden, hidden]

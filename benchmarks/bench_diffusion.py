@@ -106,7 +106,7 @@ def main() -> None:
         TransitionLayout,
         load_diffusion,
     )
-    from offaug.pipeline.schema.sections import DiffusionModel, RolloutModel
+    from offaug.pipeline.schema.rollout_section import DiffusionModel, RolloutModel
     from offaug.pipeline.stages.rollouts import diffusion_sample_task, train_denoiser_stage
 
     defaults = DiffusionModel()

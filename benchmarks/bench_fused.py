@@ -76,7 +76,7 @@ def _fused(
 
     from offaug.algorithms.fused.trainer import FusedTrainer, member_generator
     from offaug.algorithms.runtime import seed_everything
-    from offaug.algorithms.training.loop import make_sampler
+    from offaug.algorithms.training.batches import make_sampler
 
     trainers, samplers, generators = [], [], []
     for seed in range(members):
@@ -124,7 +124,7 @@ def _measure(
     import torch
 
     from offaug.algorithms.base import spaces_from_transitions
-    from offaug.algorithms.training.loop import make_sampler
+    from offaug.algorithms.training.batches import make_sampler
 
     batch = 100 if name == "bcq" else 256
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)

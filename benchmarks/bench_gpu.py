@@ -236,7 +236,7 @@ def _graph_record(
     from offaug.algorithms.fused.trainer import FusedTrainer
     from offaug.algorithms.training.fused_loop import build_members
     from offaug.algorithms.training.graphed import graphed_updates
-    from offaug.algorithms.training.loop import TrainOptions
+    from offaug.algorithms.training.options import TrainOptions
     from offaug.datasets.sampler import sample_stacked
 
     def sync() -> None:

@@ -100,7 +100,7 @@ def _offaug_score(
     from offaug.algorithms.batch import TorchBatch
     from offaug.algorithms.evaluate import evaluate, make_env, reference_scores
     from offaug.algorithms.runtime import seed_everything
-    from offaug.algorithms.training.loop import make_sampler
+    from offaug.algorithms.training.batches import make_sampler
 
     seed_everything(seed)
     spaces = spaces_from_transitions(data.meta, data.observations.shape[1], data.actions)

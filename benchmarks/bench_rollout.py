@@ -80,7 +80,7 @@ def _offaug_rollout(
 ) -> tuple[float, int]:
     import gymnasium as gym
 
-    from offaug.algorithms.training.loop import load_trainer
+    from offaug.algorithms.training.checkpoints import load_trainer
     from offaug.datasets.shards import write_shard
     from offaug.pipeline.rollouts.noise import parse_noise
     from offaug.pipeline.rollouts.policies import BCRolloutPolicy
@@ -121,7 +121,7 @@ def _data_collector(
     import minari
     import numpy as np
 
-    from offaug.algorithms.training.loop import load_trainer
+    from offaug.algorithms.training.checkpoints import load_trainer
 
     trainer = load_trainer(checkpoint, device="cpu")
     rng = np.random.default_rng(0)

@@ -129,7 +129,8 @@ def train_command(
 ) -> None:
     """Train an offline learner; metrics, evaluations and checkpoints go to OUT."""
     from offaug.algorithms.registry import ALGORITHMS, policy_weighting_refusal
-    from offaug.algorithms.training.loop import TrainOptions, train
+    from offaug.algorithms.training.loop import train
+    from offaug.algorithms.training.options import TrainOptions
     from offaug.algorithms.training.state_noise import StateNoise
 
     # Before any data is read: a typo should not cost a dataset load.

@@ -11,10 +11,10 @@ Learning" (arXiv:2004.07219), section 5 (Gym-MuJoCo tasks):
 * ``medium-replay``: every transition of that run, in order, until the medium policy was reached.
 
 ``random``, ``medium`` and ``expert`` collect ``steps`` steps by *sampling* the stochastic policy,
-as D4RL does. Everything is written with Minari's own ``create_dataset_from_buffers``, staged
-and moved into place so a failure leaves nothing half-written. The policy used is saved next to
-the dataset as ``policy.pt`` (a :func:`~offaug.algorithms.base.save_checkpoint` file, algorithm
-``sac``: reload it with :func:`offaug.algorithms.training.loop.load_trainer`), with ``level.json``
+as D4RL does. Everything is written with Minari's own ``create_dataset_from_buffers``, staged and
+moved into place so a failure leaves nothing half-written. The policy used is saved next to the
+dataset as ``policy.pt`` (a :func:`~offaug.algorithms.base.save_checkpoint` file, algorithm ``sac``:
+reload it with :func:`offaug.algorithms.training.checkpoints.load_trainer`), with ``level.json``
 (the resolved config, every evaluation, the returns and the step the policy comes from).
 """
 

@@ -5,8 +5,8 @@ Each member is built, prepared and sampled exactly as the single-seed run of its
 :class:`~offaug.datasets.sampler.MixtureSampler` stream, its own evaluation episodes. The members
 then train as one :class:`~offaug.algorithms.fused.trainer.FusedTrainer`, and each writes its own
 run directory in a single-seed run's format (config.json, metrics.jsonl, checkpoint.pt that
-:func:`~offaug.algorithms.training.loop.load_trainer` loads), so every later stage reads a member
-as it reads any other run. ``config`` may give a list for a field of the learner's
+:func:`~offaug.algorithms.training.checkpoints.load_trainer` loads), so every later stage reads a
+member as it reads any other run. ``config`` may give a list for a field of the learner's
 ``fused_hyperparameters``, one value per seed (a small sweep trains fused too), and ``sources`` may
 give a list of sources per seed (each seed of a workflow has its own augmented data).
 """
@@ -35,20 +35,17 @@ from offaug.algorithms.fused.graph_step import GraphStep
 from offaug.algorithms.fused.specs import has_fused_spec
 from offaug.algorithms.fused.trainer import FusedTrainer, member_generator
 from offaug.algorithms.runtime import configure_torch, seed_everything
+from offaug.algorithms.training.batches import BatchPreparation, make_sampler
+from offaug.algorithms.training.checkpoints import resume_from_checkpoint, write_checkpoint
 from offaug.algorithms.training.graphed import GraphedUpdates, GraphFallbackWarning
 from offaug.algorithms.training.loop import (
-    BatchPreparation,
-    TrainOptions,
-    TrainResult,
     graph_step_mode,
     learner_spaces,
     load_source,
-    make_sampler,
     next_boundary,
-    resume_from_checkpoint,
     trainer_device,
-    write_checkpoint,
 )
+from offaug.algorithms.training.options import TrainOptions, TrainResult
 from offaug.datasets.atomic import write_json_atomic
 from offaug.datasets.sampler import Batch, MixtureSampler, sample_stacked
 from offaug.datasets.shards import ShardSet

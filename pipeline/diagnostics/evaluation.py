@@ -16,7 +16,7 @@ import numpy.typing as npt
 from gymnasium.error import Error as GymnasiumError
 
 from offaug.algorithms.evaluate import make_env, normalised_score, reference_scores
-from offaug.algorithms.training.loop import load_trainer
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.pipeline.diagnostics.policy_document import (
     CheckpointEvaluation,
     EpisodeRecords,

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from offaug.algorithms.training.loop import load_trainer
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.algorithms.training.state_noise import StateNoise, noisy_copy
 from offaug.datasets import ShardSet, load_transitions
 from offaug.datasets.atomic import write_json_atomic

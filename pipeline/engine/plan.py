@@ -62,7 +62,8 @@ from offaug.pipeline.engine.stage_plan import Plan, Ref, RefList, StageSpec, pat
 from offaug.pipeline.outcome.summary import weighting_of
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.recipes import DEFAULT_RECIPE, Recipe
-from offaug.pipeline.schema.sections import RolloutModel, TrainModel
+from offaug.pipeline.schema.rollout_section import RolloutModel
+from offaug.pipeline.schema.sections import TrainModel
 from offaug.pipeline.schema.workflow import Workflow
 from offaug.pipeline.stages import learning as stages
 from offaug.pipeline.stages import media as media_stages

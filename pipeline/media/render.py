@@ -31,7 +31,7 @@ import numpy.typing as npt
 from PIL import Image
 
 from offaug.algorithms.evaluate import Policy, make_env
-from offaug.algorithms.training.loop import load_trainer
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.datasets.shards import ShardSet, is_shard_set
 from offaug.datasets.sources import load_transitions
 

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from offaug.algorithms.evaluate import Policy, make_env
-from offaug.algorithms.training.loop import load_trainer
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.datasets import ShardSet, Transitions, write_shard_set
 from offaug.datasets.atomic import write_json_atomic, write_text_atomic
 from offaug.datasets.errors import DataError

@@ -149,7 +149,7 @@ def load_rollout_policy(behaviour: str, learner: str | None = None) -> Any:
     Returns a :class:`BCRolloutPolicy` or a :class:`LearnerRolloutPolicy`.
     """
     # torch comes with load_trainer: imported here for the reason given in __init__ above.
-    from offaug.algorithms.training.loop import load_trainer
+    from offaug.algorithms.training.checkpoints import load_trainer
 
     bc = BCRolloutPolicy(load_trainer(behaviour, device="cpu"))
     if learner is None:

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from offaug.pipeline.contracts import is_plain
-from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, TrainModel
+from offaug.pipeline.schema.rollout_section import RolloutModel
+from offaug.pipeline.schema.sections import BCConfigModel, TrainModel
 from offaug.pipeline.schema.validation import Problem, problems
 
 Model = TypeVar("Model", bound=BaseModel)

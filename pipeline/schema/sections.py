@@ -1,5 +1,6 @@
-"""The sections of a workflow that make the data and train on it (source, bc, rollout, train):
-one pydantic model each, every field documented.
+"""The sections of a workflow that name the data and train on it (source, bc, train): one
+pydantic model each, every field documented. The rollout section is
+:mod:`offaug.pipeline.schema.rollout_section`'s.
 
 A workflow is data only: every choice is a ``Literal`` (no field can name a Python callable) and
 unknown keys are errors. :mod:`offaug.pipeline.schema.workflow` assembles them into a ``Workflow``.
@@ -10,20 +11,16 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PlainSerializer,
-    PlainValidator,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
-    WithJsonSchema,
     field_validator,
-    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -34,27 +31,6 @@ from offaug.algorithms.names import (
     OfflineLearner,
     Weighting,
 )
-from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, NoiseSpec, NoiseSpecError, parse_noise
-
-
-def _noise_spec(value: Any) -> NoiseSpec:
-    if isinstance(value, NoiseSpec):
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"noise is a string such as 'gaussian:0.1', not {value!r}")
-    try:
-        return parse_noise(value)
-    except NoiseSpecError as exc:
-        raise ValueError(str(exc)) from exc
-
-
-Noise = Annotated[
-    NoiseSpec,
-    PlainValidator(_noise_spec),
-    PlainSerializer(lambda spec: spec.text, return_type=str),
-    WithJsonSchema({"type": "string"}),
-]
-"""A noise specification: parsed once at validation, written back as the text it came from."""
 
 
 class StrictSection(BaseModel):
@@ -118,301 +94,6 @@ class BCConfigModel(StrictSection):
             " return and normalised score go into the BC stage's metrics; 0: no evaluation)."
         ),
     )
-
-
-class DynamicsModel(StrictSection):
-    """The learned-dynamics ensemble (rollout backend 'model')."""
-
-    members: int = Field(7, gt=0, description="Ensemble size.")
-    hidden: tuple[int, ...] = Field((200, 200, 200), description="Hidden widths.")
-    steps: int = Field(5000, gt=0, description="Training steps.")
-    horizon: int = Field(
-        5,
-        gt=0,
-        description=(
-            "Model rollout length H (rollout.horizon replaces it when set; MOPO and MOBILE use"
-            " 1 to 10)."
-        ),
-    )
-    penalty: Literal["mopo", "mobile"] = Field(
-        "mopo",
-        description=(
-            "The reward penalty: 'mopo', the largest predicted std over members (Yu et al."
-            " 2020); 'mobile', the std over members of the Bellman target r + gamma * V(s')"
-            " (Sun et al. 2023), V the rollout learner's own value (its critics at its action,"
-            " IQL's V), so rollout.policy must be a learner that has one (iql, td3bc, cql, rebrac)."
-        ),
-    )
-    penalty_coefficient: float = Field(
-        1.0, ge=0, description="Its coefficient: MOPO's lambda, MOBILE's beta."
-    )
-    mobile_samples: int = Field(
-        10, gt=0, description="MOBILE: draws of (s', r) per member averaged in its target."
-    )
-    starts: int = Field(1000, gt=0, description="Dataset states to branch from per task.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _number_is_mopo(cls, value: Any) -> Any:
-        # Workflows written before there was a choice give MOPO's lambda as the penalty.
-        if isinstance(value, Mapping) and isinstance(value.get("penalty"), (int, float)):
-            value = dict(value)
-            penalty = value.pop("penalty")
-            if isinstance(penalty, bool):
-                raise ValueError(f"penalty is 'mopo' or 'mobile', not {penalty!r}")
-            value.setdefault("penalty_coefficient", float(penalty))
-            value["penalty"] = "mopo"
-        return value
-
-
-class DiffusionModel(StrictSection):
-    """The generative model of rollout backend 'diffusion' (SynthER): a denoiser trained on the
-    dataset's transitions, then sampled. The defaults train in minutes on two CPU cores;
-    SynthER's own sizes, for a GPU: width 2048, blocks 6, steps 100000, batch_size 1024,
-    sampler_steps 128 (docs/rollouts.md)."""
-
-    width: int = Field(256, gt=0, description="Width of the denoiser's residual blocks.")
-    blocks: int = Field(3, gt=0, description="Residual blocks of the denoiser.")
-    steps: int = Field(3000, gt=0, description="Training steps (cosine learning-rate decay).")
-    batch_size: int = Field(256, gt=0, description="Transitions per training step.")
-    learning_rate: float = Field(3e-4, gt=0, description="Adam's initial learning rate.")
-    samples: int = Field(
-        100_000, gt=0, description="Transitions to generate in all, split over rollout.tasks."
-    )
-    sampler_steps: int = Field(
-        32, gt=0, description="Solver steps from pure noise to a sample (DPM-Solver++ 2M)."
-    )
-    seed: int | None = Field(
-        None,
-        description=(
-            "Seed of the denoiser's training and sampling; null: the run's training seed (each"
-            " seed of a several-seed run then trains its own denoiser)."
-        ),
-    )
-
-
-class NoiseCalibrationModel(StrictSection):
-    """Rollout noise chosen against the episode filter before rolling out."""
-
-    scales: tuple[float, ...] = Field(
-        min_length=1,
-        description=(
-            "Gaussian sigmas to try, largest first, in place of rollout.noise: the largest whose"
-            " probe episodes the filter keeps often enough is used (the smallest when none is)."
-        ),
-    )
-    episodes: int = Field(16, gt=0, description="Probe episodes per sigma.")
-    keep: float = Field(
-        0.5, gt=0, le=1, description="Share of the probe episodes the filter must keep."
-    )
-
-    @field_validator("scales")
-    @classmethod
-    def _positive(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if min(value) <= 0:
-            raise ValueError(f"noise_calibration.scales must all be positive, not {list(value)}")
-        return tuple(sorted(value, reverse=True))
-
-
-class RolloutModel(StrictSection):
-    """Noisy rollouts of the BC policy, or of a trained learner's policy."""
-
-    backend: Literal["simulator", "model", "diffusion", "none"] = Field(
-        "simulator",
-        description=(
-            "The dataset's simulator, a learned dynamics ensemble, a diffusion model of the"
-            " transitions that generates new ones (SynthER: the policy, noise, episode, start"
-            " and filter fields do not apply, so a recipe may inherit them), or none (a recipe"
-            " without rollouts)."
-        ),
-    )
-    policy: OfflineLearner = Field(
-        "bc",
-        description=(
-            "What the noise is centred on: 'bc' (the BC stage's clone) or a learner name (its"
-            " policy trained on the original data with the same seed, e.g. bcq). log mu is the"
-            " noise's density around that action; log beta_hat is always the BC density."
-        ),
-    )
-    rounds: int = Field(
-        1,
-        ge=1,
-        description=(
-            "With a learner as the policy: rounds of train -> roll out -> retrain. Round 1 rolls"
-            " out the learner's plain run; each later round retrains the learner on the original"
-            " data plus the previous round's rollouts (this recipe's train settings) and rolls"
-            " that out. The last round's rollouts are the recipe's augmented data."
-        ),
-    )
-    policy_steps: int | None = Field(
-        None,
-        gt=0,
-        description=(
-            "With a learner as the policy: the gradient steps of the run that rolls out (a plain"
-            " run of that learner, recorded as baseline[STEPS]); null: the learner's plain run"
-            " with train.steps. Counted in the augmented arms' total gradient steps."
-        ),
-    )
-    noise: Noise = Field(
-        DEFAULT_NOISE,
-        description="gaussian:SIGMA, ou:SIGMA[:THETA], uniform, +epsilon:EPS, mixtures W*C+W*C.",
-    )
-    episodes: int = Field(100, gt=0, description="Episodes in total (simulator backend).")
-    simulator_steps: int | None = Field(
-        None,
-        gt=0,
-        description=(
-            "The rollout's budget in simulator steps (env.step calls, dropped episodes"
-            " included), in place of episodes (which is then not used; simulator backend):"
-            " episodes start while budget is left, and those still running when it is spent end"
-            " there as truncated. Split over the tasks like episodes."
-        ),
-    )
-    tasks: int = Field(4, gt=0, description="Units of parallel work; one shard each.")
-    n_envs: int = Field(16, gt=0, description="Environments stepped together per task.")
-    start: Literal["reset", "dataset"] = Field(
-        "reset",
-        description=(
-            "Start from env resets or branch from dataset states (MuJoCo qpos/qvel or a"
-            " classic-control env's state, as the dataset records them)."
-        ),
-    )
-    horizon: int | None = Field(
-        None,
-        gt=0,
-        description=(
-            "End every episode as truncated after H steps (short branched rollouts, as in"
-            " MBPO/MOPO); null: at the time limit. The model backend uses it in place of"
-            " dynamics.horizon when set."
-        ),
-    )
-    starts: Literal["uniform", "sparse", "disagreement"] = Field(
-        "uniform",
-        description=(
-            "Which dataset states branches start from: uniformly, 'sparse' (in proportion to"
-            " each state's k-NN distance to the rest of the data, standardised), or"
-            " 'disagreement' (model backend: in proportion to the ensemble's spread at the"
-            " dataset action)."
-        ),
-    )
-    filter: Literal["none", "data", "policy", "value"] = Field(
-        "none",
-        description=(
-            "'data': drop augmented episodes that earn less than the data (a branch: the"
-            " data's own continuation from its start over as many steps, or the data's mean"
-            " reward per step times its length; a reset: the data's mean reward per step, or its"
-            " mean episode return when the episode ended by termination). 'policy'"
-            " (self-improvement): keep an episode only when its return beats the noiseless"
-            " policy's from the same start (same reset seed, same dataset state); with rounds,"
-            " policy iteration on real transitions. 'value' (start: dataset, a learner with a"
-            " value as the policy: iql, td3bc, rebrac, cql): keep a branch of L steps only when"
-            " its discounted return plus gamma^L V(s_L) of the learner's own value beats the"
-            " data's discounted return-to-go from its start row. Both need the simulator backend."
-        ),
-    )
-    filter_margin: float = Field(
-        0.0,
-        description=(
-            "Reward per step an episode may fall short of the data (or its reference) by and"
-            " still be kept (negative: it must beat it by that much)."
-        ),
-    )
-    filter_tolerance: float = Field(
-        0.0,
-        ge=0.0,
-        lt=1.0,
-        description=(
-            "Fraction of the data's expected return (its magnitude) an episode may fall short"
-            " by and still be kept; unlike filter_margin it does not grow with the episode's"
-            " length."
-        ),
-    )
-    noise_calibration: NoiseCalibrationModel | None = Field(
-        None,
-        description=(
-            "Choose the Gaussian noise by probe episodes through the filter (needs a filter"
-            " and the simulator backend), e.g. {scales: [0.1, 0.03, 0.01, 0.003]}: a policy"
-            " whose noisy episodes all fail the filter adds nothing after it."
-        ),
-    )
-    max_weight: float = Field(100.0, gt=0, description="Importance weights are clipped here.")
-    max_episode_steps: int | None = Field(None, gt=0, description="Override the time limit.")
-    env: str | None = Field(None, description="Roll out in this env id instead of the dataset's.")
-    dynamics: DynamicsModel = Field(
-        default_factory=DynamicsModel, description="Model backend settings."
-    )
-    diffusion: DiffusionModel = Field(
-        default_factory=DiffusionModel, description="Diffusion backend settings."
-    )
-
-    @model_validator(mode="after")
-    def _tasks_fit(self) -> RolloutModel:
-        if self.simulator_steps is not None:
-            if self.backend != "simulator":
-                raise ValueError("simulator_steps is the simulator backend's budget")
-            if self.tasks > self.simulator_steps:
-                raise ValueError(
-                    f"tasks ({self.tasks}) must not exceed simulator_steps ({self.simulator_steps})"
-                )
-        elif self.backend == "simulator" and self.tasks > self.episodes:
-            raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
-        if self.policy_steps is not None and self.policy == "bc":
-            raise ValueError(
-                "policy_steps is the budget of a learner that rolls out (policy: td3bc, say);"
-                " the BC clone's is bc.steps"
-            )
-        if self.noise_calibration is not None and (
-            self.filter == "none" or self.backend != "simulator"
-        ):
-            raise ValueError(
-                "noise_calibration needs filter 'data', 'policy' or 'value' and backend"
-                " 'simulator': it keeps the largest noise whose episodes the filter keeps"
-            )
-        self._check_filter()
-        self._check_penalty()
-        if self.starts == "disagreement" and self.backend != "model":
-            raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
-        if self.backend == "diffusion" and self.tasks > self.diffusion.samples:
-            raise ValueError(
-                f"tasks ({self.tasks}) must not exceed diffusion.samples ({self.diffusion.samples})"
-            )
-        if self.rounds > 1 and self.policy == "bc":
-            raise ValueError(
-                f"rounds {self.rounds} needs a learner as the policy (policy: td3bc, say): the"
-                " BC clone is not retrained on augmented data"
-            )
-        return self
-
-    def _check_filter(self) -> None:
-        """The filters against the policy's own reference: where they can run."""
-        if self.filter in ("policy", "value") and self.backend != "simulator":
-            raise ValueError(
-                f"filter '{self.filter}' needs backend 'simulator': its references are rolled"
-                " out from the same starts in the dataset's simulator"
-            )
-        if self.filter == "value" and self.start != "dataset":
-            raise ValueError(
-                "filter 'value' needs start 'dataset': a branch is compared with the data's"
-                " return-to-go from the row it starts at"
-            )
-        if self.filter == "value":
-            # Lazy: the registry imports torch; a workflow without this filter never pays.
-            from offaug.algorithms.registry import state_value_refusal
-
-            if (refusal := state_value_refusal(self.policy)) is not None:
-                raise ValueError(f"rollout.policy {self.policy!r}: {refusal}")
-
-    def _check_penalty(self) -> None:
-        """MOBILE's penalty needs V(s') of the rollout policy: a learner with a value."""
-        if self.backend != "model" or self.dynamics.penalty != "mobile":
-            return
-        # Lazy: the registry imports torch; a workflow without MOBILE never pays.
-        from offaug.algorithms.registry import state_value_refusal
-
-        refusal = state_value_refusal(self.policy, use="dynamics.penalty 'mobile'")
-        if refusal is not None:
-            clone = " (the BC clone has no critic)" if self.policy == "bc" else ""
-            raise ValueError(f"rollout.policy {self.policy!r}{clone}: {refusal}")
 
 
 class StateNoiseModel(StrictSection):

@@ -26,6 +26,7 @@ from offaug.pipeline.schema.recipes import (
     Recipe,
     resolve_recipes,
 )
+from offaug.pipeline.schema.rollout_section import RolloutModel
 from offaug.pipeline.schema.run_sections import (
     ClusterModel,
     DiagnosticsModel,
@@ -33,13 +34,7 @@ from offaug.pipeline.schema.run_sections import (
     PublishModel,
     ReportModel,
 )
-from offaug.pipeline.schema.sections import (
-    BCConfigModel,
-    RolloutModel,
-    SourceConfig,
-    StrictSection,
-    TrainModel,
-)
+from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig, StrictSection, TrainModel
 from offaug.pipeline.schema.validation import (
     Problem,
     WorkflowError,

@@ -129,7 +129,8 @@ def train_bc(data: DatasetRef, config: BCConfigModel, out: str, seed: int) -> Mo
     learners' evaluation seeds) when the dataset records its env, and the data's own score
     (``data``: :func:`data_score`), so a report can set the rollout policy against the data.
     """
-    from offaug.algorithms.training.loop import TrainOptions, train  # imports torch: see the top
+    from offaug.algorithms.training.loop import train
+    from offaug.algorithms.training.options import TrainOptions
 
     evaluate = config.evaluation_episodes > 0 and bool(data.meta.get("env_spec"))
     options = TrainOptions(
@@ -175,7 +176,7 @@ def train_offline(
     noise (an S4RL arm without rollouts). ``init``: the checkpoint to start from
     (``train.init: plain``: the same learner's plain run), trained ``train_config.steps`` more.
     """
-    from offaug.algorithms.training.loop import train  # imports torch: see the top
+    from offaug.algorithms.training.loop import train
 
     sources, options = _train_inputs(
         data, augmented, train_config, evaluation, seed, threads, plain=plain
@@ -284,9 +285,9 @@ def _train_inputs(
     *,
     plain: bool | None = None,
 ) -> tuple[list[Any], Any]:
-    """The sources and :class:`~offaug.algorithms.training.loop.TrainOptions` of a training
+    """The sources and :class:`~offaug.algorithms.training.options.TrainOptions` of a training
     stage."""
-    from offaug.algorithms.training.loop import TrainOptions
+    from offaug.algorithms.training.options import TrainOptions
     from offaug.algorithms.training.state_noise import StateNoise  # imports torch: see the top
 
     plain = augmented is None if plain is None else plain

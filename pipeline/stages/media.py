@@ -106,7 +106,7 @@ def render_policy_stage(
         ``{"kind": "files", "paths", "policy", "clips", "seconds"}``, or
         ``{"policy", "unavailable": why}`` when the env cannot render here.
     """
-    from offaug.algorithms.training.loop import load_trainer  # torch (see _video_options)
+    from offaug.algorithms.training.checkpoints import load_trainer
     from offaug.pipeline.media.render import RenderUnavailable, make_render_env, render_episodes
 
     started = time.perf_counter()

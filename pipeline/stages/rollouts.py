@@ -32,7 +32,7 @@ from offaug.pipeline.rollouts.tasks import (
     run_rollout_task,
     split_tasks,
 )
-from offaug.pipeline.schema.sections import RolloutModel
+from offaug.pipeline.schema.rollout_section import RolloutModel
 
 
 def _rollout_config(

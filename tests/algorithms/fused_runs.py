@@ -20,7 +20,7 @@ from offaug.algorithms.base import Trainer
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.fused.trainer import FusedTrainer
 from offaug.algorithms.training.fused_loop import build_members
-from offaug.algorithms.training.loop import TrainOptions
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import Transitions
 from offaug.datasets.sampler import stack_numpy
 

@@ -31,7 +31,9 @@ from offaug.algorithms.learners.discrete_bcq import (
 from offaug.algorithms.learners.losses import ensemble_td_loss, td_target
 from offaug.algorithms.nn.kernels import Workspace, tiled_mlp
 from offaug.algorithms.nn.networks import ensemble_affines, mlp_affines
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
+from offaug.algorithms.training.checkpoints import load_trainer
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 SMALL = BCQConfig(

@@ -19,7 +19,8 @@ from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.training.compiling import CompileFallbackWarning, compile_trainer
-from offaug.algorithms.training.loop import TrainOptions, train
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 HAVE_CXX = any(shutil.which(c) for c in ("g++", "c++", "clang++"))

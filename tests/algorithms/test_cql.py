@@ -30,7 +30,10 @@ from offaug.algorithms.learners.discrete_cql import (
 from offaug.algorithms.learners.losses import ensemble_td_loss, soft_actor_loss, temperature_loss
 from offaug.algorithms.nn.distributions import tanh_gaussian
 from offaug.algorithms.normalisation import observation_moments
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, make_sampler, train
+from offaug.algorithms.training.batches import make_sampler
+from offaug.algorithms.training.checkpoints import load_trainer
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4}

@@ -17,8 +17,10 @@ from offaug.algorithms.learners.cql_losses import (
     conservative_penalty,
     original_rows_gap,
 )
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.algorithms.training.fused_loop import train_fused
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import MixtureSampler, Transitions
 
 SMALL = {"hidden": (32, 32), "batch_size": 64, "n_action_samples": 4, "lagrange": False}

@@ -19,8 +19,10 @@ from typer.testing import CliRunner
 from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.fused.trainer import FusedTrainer, stack_batches
 from offaug.algorithms.learners.cql import CQL
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.algorithms.training.fused_loop import build_members, member_configs, train_fused
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.cli import app
 from offaug.datasets import Transitions, load_transitions, write_shard_set
 from offaug.datasets.sampler import stack_numpy

@@ -15,7 +15,7 @@ import torch
 from offaug.algorithms.fused.trainer import FusedTrainer
 from offaug.algorithms.fusing import per_member
 from offaug.algorithms.training.fused_loop import build_members, member_configs
-from offaug.algorithms.training.loop import TrainOptions
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import Transitions
 from tests.algorithms.fused_runs import (
     SMALL,

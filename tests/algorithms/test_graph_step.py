@@ -14,7 +14,7 @@ from offaug.algorithms.fused.graph_step import GraphStep, every_phase_step, phas
 from offaug.algorithms.fused.trainer import FusedTrainer
 from offaug.algorithms.training.fused_loop import build_members
 from offaug.algorithms.training.graphed import GraphedUpdates
-from offaug.algorithms.training.loop import TrainOptions
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import Transitions
 from offaug.datasets.sampler import stack_numpy
 from tests.algorithms.fused_runs import SMALL, assert_states_close

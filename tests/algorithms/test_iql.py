@@ -26,7 +26,8 @@ from offaug.algorithms.learners.iql import (
     gaussian_log_prob,
 )
 from offaug.algorithms.normalisation import return_range, reward_scale
-from offaug.algorithms.training.loop import load_trainer, make_sampler
+from offaug.algorithms.training.batches import make_sampler
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose

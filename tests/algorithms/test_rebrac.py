@@ -26,7 +26,7 @@ from offaug.algorithms.learners.rebrac import (
     squared_distance,
 )
 from offaug.algorithms.nn.networks import CriticEnsemble, EnsembleLayerNorm, EnsembleMLP
-from offaug.algorithms.training.loop import load_trainer
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions
 from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose

@@ -17,7 +17,10 @@ import torch
 from offaug.algorithms import registry
 from offaug.algorithms.base import spaces_from_transitions
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, make_sampler, train
+from offaug.algorithms.training.batches import make_sampler
+from offaug.algorithms.training.checkpoints import load_trainer
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 
 ALGORITHMS = sorted(registry.ALGORITHMS)

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from offaug.algorithms.batch import TorchBatch
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
+from offaug.algorithms.training.checkpoints import load_trainer
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.algorithms.training.state_noise import StateNoise, StateNoiser, observation_std
 from offaug.datasets import MixtureSampler, ShardSet, Transitions, load_transitions, write_shard_set
 

@@ -27,7 +27,8 @@ from offaug.algorithms.normalisation import (
     ObservationNormaliser,
     observation_moments,
 )
-from offaug.algorithms.training.loop import load_trainer, make_sampler
+from offaug.algorithms.training.batches import make_sampler
+from offaug.algorithms.training.checkpoints import load_trainer
 from offaug.cli import app
 from offaug.datasets import MixtureSampler, Transitions, load_transitions
 from tests.algorithms.learner_stages import SMALL, sample_batches, spaces_of, train_and_diagnose

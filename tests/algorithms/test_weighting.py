@@ -18,7 +18,9 @@ from offaug.algorithms.batch import TorchBatch
 from offaug.algorithms.learners.bc import BC
 from offaug.algorithms.learners.cql import CQL
 from offaug.algorithms.learners.iql import IQL
-from offaug.algorithms.training.loop import TrainOptions, make_sampler, train
+from offaug.algorithms.training.batches import make_sampler
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.algorithms.training.weighting import (
     PolicyWeights,
     WeightUsage,

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from offaug.algorithms.training.loop import TrainOptions, train
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import Transitions, load_transitions
 from offaug.pipeline.contracts import DatasetRef, ModelRef
 from offaug.pipeline.engine.graph import StageRecords

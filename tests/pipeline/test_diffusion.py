@@ -24,8 +24,9 @@ from offaug.pipeline.rollouts.diffusion import (
     train_diffusion,
 )
 from offaug.pipeline.rundir.run_layout import RunLayout
+from offaug.pipeline.schema.rollout_section import RolloutModel
 from offaug.pipeline.schema.run_sections import EvaluationModel
-from offaug.pipeline.schema.sections import RolloutModel, TrainModel
+from offaug.pipeline.schema.sections import TrainModel
 from offaug.pipeline.schema.workflow import Workflow
 from offaug.pipeline.stages import rollouts as rollout_stages
 from offaug.pipeline.stages.learning import train_offline

@@ -16,8 +16,9 @@ from offaug.datasets import write_shard_set
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.media.render import RenderUnavailable, gl_backend
 from offaug.pipeline.outcome.summary import media_metrics
+from offaug.pipeline.schema.rollout_section import RolloutModel
 from offaug.pipeline.schema.run_sections import EvaluationModel, ReportModel
-from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig, TrainModel
+from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig, TrainModel
 from offaug.pipeline.stages import learning as stages
 from offaug.pipeline.stages import rollouts as rollout_stages
 from offaug.pipeline.stages.doctor import doctor_stage

@@ -130,7 +130,7 @@ def test_epsilon_zero_is_refused_for_discrete_actions() -> None:
 def test_the_workflow_holds_the_parsed_spec_and_writes_back_its_text(tmp_path) -> None:
     import yaml
 
-    from offaug.pipeline.schema.sections import RolloutModel
+    from offaug.pipeline.schema.rollout_section import RolloutModel
     from offaug.pipeline.schema.validation import WorkflowError
     from offaug.pipeline.schema.workflow import load_workflow
 

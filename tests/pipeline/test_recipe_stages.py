@@ -13,8 +13,9 @@ from offaug.datasets import load_transitions
 from offaug.datasets.shards import read_shard
 from offaug.pipeline.contracts import ModelRef
 from offaug.pipeline.rundir.keys import from_json, to_json
+from offaug.pipeline.schema.rollout_section import RolloutModel
 from offaug.pipeline.schema.run_sections import EvaluationModel
-from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig, TrainModel
+from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig, TrainModel
 from offaug.pipeline.stages import learning as stages
 from offaug.pipeline.stages import rollouts as rollout_stages
 

@@ -18,7 +18,9 @@ import numpy.typing as npt
 import pytest
 
 from offaug.algorithms.evaluate import make_env
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
+from offaug.algorithms.training.checkpoints import load_trainer
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import ShardSet, load_transitions
 from offaug.datasets.action_box import ActionBox
 from offaug.datasets.generate import collect_episodes

@@ -19,7 +19,9 @@ import yaml
 from pydantic import ValidationError
 
 from offaug.algorithms.evaluate import make_env
-from offaug.algorithms.training.loop import TrainOptions, load_trainer, train
+from offaug.algorithms.training.checkpoints import load_trainer
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import Transitions, load_transitions
 from offaug.pipeline.contracts import FilterRecord, ModelRef
 from offaug.pipeline.rollouts.env_state import (
@@ -32,7 +34,8 @@ from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.policies import load_rollout_policy
 from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
-from offaug.pipeline.schema.sections import BCConfigModel, RolloutModel, SourceConfig
+from offaug.pipeline.schema.rollout_section import RolloutModel
+from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig
 from offaug.pipeline.schema.validation import WorkflowError
 from offaug.pipeline.schema.workflow import load_workflow
 from offaug.pipeline.stages import learning as stages

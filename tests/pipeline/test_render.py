@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from offaug.algorithms.training.loop import TrainOptions, train
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.cli import app
 from offaug.pipeline.media.render import (
     RenderUnavailable,

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offaug.algorithms.training.loop import TrainOptions, train
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import DataError, Source, load_transitions
 from offaug.pipeline.outcome.review import (
     LABEL_COLUMN,

@@ -214,7 +214,8 @@ def test_discrete_epsilon_greedy_rollout_records_log_probs(make_test_dataset) ->
 
 
 def test_bc_policy_rollout_to_shards(make_test_dataset, tmp_path: Path) -> None:
-    from offaug.algorithms.training.loop import TrainOptions, train
+    from offaug.algorithms.training.loop import train
+    from offaug.algorithms.training.options import TrainOptions
     from offaug.pipeline.rollouts.tasks import merge_rollout_shards, run_rollout_task, split_tasks
 
     made = make_test_dataset("hopper", "hdf5")
@@ -243,7 +244,8 @@ def test_bc_policy_rollout_to_shards(make_test_dataset, tmp_path: Path) -> None:
 def test_self_normalised_weights_are_pooled_over_every_shard(
     make_test_dataset, tmp_path: Path
 ) -> None:
-    from offaug.algorithms.training.loop import TrainOptions, train
+    from offaug.algorithms.training.loop import train
+    from offaug.algorithms.training.options import TrainOptions
     from offaug.pipeline.rollouts.tasks import merge_rollout_shards, run_rollout_task, split_tasks
 
     made = make_test_dataset("hopper", "hdf5")

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from offaug.algorithms import registry
 from offaug.algorithms.names import LEARNERS, OFFLINE_LEARNERS, WEIGHTINGS
-from offaug.algorithms.training.loop import TrainOptions, train
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
 from offaug.cli import app
 from offaug.datasets.shards import file_checksum
 from offaug.pipeline.contracts import AugmentedRef
