@@ -82,9 +82,10 @@ def _offaug_rollout(
 
     from offaug.algorithms.training.checkpoints import load_trainer
     from offaug.datasets.shards import write_shard
+    from offaug.pipeline.rollouts.config import RolloutConfig
     from offaug.pipeline.rollouts.noise import parse_noise
     from offaug.pipeline.rollouts.policies import BCRolloutPolicy
-    from offaug.pipeline.rollouts.simulator import RolloutConfig, rollout
+    from offaug.pipeline.rollouts.simulator import rollout
 
     policy = BCRolloutPolicy(load_trainer(checkpoint, device="cpu"))
     kwargs = {"max_episode_steps": max_steps} if max_steps else {}

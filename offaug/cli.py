@@ -316,8 +316,8 @@ def rollout_command(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing shard set.")] = False,
 ) -> None:
     """Roll the BC policy out with noise; every transition carries its importance weight."""
+    from offaug.pipeline.rollouts.config import RolloutConfig, RolloutError
     from offaug.pipeline.rollouts.noise import NoiseSpecError, parse_noise
-    from offaug.pipeline.rollouts.simulator import RolloutConfig, RolloutError
     from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 
     try:

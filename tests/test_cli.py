@@ -250,8 +250,9 @@ def test_quality_reports_simulator_rollouts_against_their_source(
 ) -> None:
     from offaug.algorithms.evaluate import make_env
     from offaug.datasets import load_transitions, write_shard_set
+    from offaug.pipeline.rollouts.config import RolloutConfig
     from offaug.pipeline.rollouts.noise import parse_noise
-    from offaug.pipeline.rollouts.simulator import RolloutConfig, rollout
+    from offaug.pipeline.rollouts.simulator import rollout
     from tests.pipeline.test_rollout import KnownHopperPolicy
 
     dataset_id = make_test_dataset("hopper", "hdf5").dataset_id

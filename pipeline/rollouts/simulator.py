@@ -49,7 +49,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -63,96 +63,20 @@ from offaug.pipeline.rollouts.behaviour import (
     policy_step,
     weight_columns,
 )
+from offaug.pipeline.rollouts.config import Fault, RolloutConfig, RolloutError, RolloutResult
 from offaug.pipeline.rollouts.data import (
     RESET_START,
     EpisodeFilter,
-    FilterKind,
     FloatArray,
     IntArray,
-    StartsKind,
     keep_episodes,
 )
 from offaug.pipeline.rollouts.env_state import StartStates, StateError, set_state
-from offaug.pipeline.rollouts.env_state import dataset_start_states as dataset_start_states
 from offaug.pipeline.rollouts.episodes import EpisodeStaging
-from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, DiscreteNoise, NoiseSpec
+from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise
 from offaug.pipeline.rollouts.references import ValueFilter, beats, noiseless_returns
 
 logger = logging.getLogger(__name__)
-StartKind = Literal["reset", "dataset"]
-
-
-class RolloutError(RuntimeError):
-    """A rollout that cannot go on (a policy that outputs NaN, an env that never resets)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """How to roll a policy out."""
-
-    episodes: int = 10
-    """Episodes to collect in total (unless ``simulator_steps`` is set)."""
-    simulator_steps: int | None = None
-    """A budget of environment steps in place of ``episodes``: episodes start while budget is
-    left, and those running when it is spent end there as truncated (None: ``episodes``)."""
-    n_envs: int = 8
-    """Environments stepped together (one batched policy call per step)."""
-    noise: NoiseSpec = DEFAULT_NOISE
-    """Parsed noise specification (see :mod:`offaug.pipeline.rollouts.noise`), in normalised
-    units."""
-    seed: int = 0
-    """Seed of resets, noise and start-state choice."""
-    max_weight: float = 100.0
-    """Importance weights (and per-decision weights) are clipped at this value."""
-    start: StartKind = "reset"
-    """Where episodes start: environment resets, or branches from dataset states."""
-    max_episode_steps: int | None = None
-    """Override the environment's time limit."""
-    horizon: int | None = None
-    """End every episode as truncated after this many steps (None: at the time limit)."""
-    starts: StartsKind = "uniform"
-    """How dataset start states were weighted (the probabilities come with the states)."""
-    filter: FilterKind = "none"
-    """``data``: drop episodes that earn less than the data from the same start; ``policy``:
-    those that do not beat the noiseless policy from the same start; ``value``: branches whose
-    bootstrapped discounted return does not beat the data's from the same row."""
-    filter_margin: float = 0.0
-    """Reward per step an episode may fall short of its reference by and still be kept."""
-    filter_tolerance: float = 0.0
-    """Fraction of the reference's size an episode may fall short by and still be kept."""
-    max_faults: int = 1000
-    """Stop with an error after this many environment faults."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The config as JSON values, the noise as the text it was parsed from."""
-        return {**dataclasses.asdict(self), "noise": self.noise.text}
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    """One environment failure handled during a rollout."""
-
-    kind: str
-    message: str
-    env_index: int
-    step: int
-
-
-@dataclasses.dataclass
-class RolloutResult:
-    """Collected transitions and what happened on the way."""
-
-    transitions: Transitions
-    faults: list[Fault]
-    episode_returns: list[float]
-    weight_stats: dict[str, float]
-    bad_steps: list[dict[str, Any]]
-    episodes_dropped: int = 0
-    """Episodes the filter dropped (not in ``transitions`` or ``episode_returns``)."""
-    filter_record: FilterRecord | None = None
-    """Every episode's score and reference under ``filter: policy`` or ``value`` (else None)."""
-    simulator_steps: int = 0
-    """Environment steps taken (``env.step`` calls, failed ones and dropped episodes included)."""
 
 
 def rollout(

@@ -35,6 +35,7 @@ from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
 from offaug.pipeline.contracts import FilterRecord, RolloutShard
 from offaug.pipeline.rollouts.behaviour import weight_statistics
+from offaug.pipeline.rollouts.config import RolloutConfig, RolloutResult
 from offaug.pipeline.rollouts.data import (
     EpisodeFilter,
     FilterKind,
@@ -44,7 +45,7 @@ from offaug.pipeline.rollouts.data import (
 )
 from offaug.pipeline.rollouts.env_state import dataset_start_states, load_with_states
 from offaug.pipeline.rollouts.references import ValueFilter
-from offaug.pipeline.rollouts.simulator import RolloutConfig, RolloutResult, rollout
+from offaug.pipeline.rollouts.simulator import rollout
 
 
 @dataclasses.dataclass(frozen=True)

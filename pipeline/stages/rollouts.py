@@ -21,8 +21,8 @@ from offaug.datasets.shards import file_checksum
 from offaug.datasets.sources import load_transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
 from offaug.pipeline.rollouts.calibration import NoiseCalibration, calibrate_noise
+from offaug.pipeline.rollouts.config import RolloutConfig
 from offaug.pipeline.rollouts.data import sparsity, start_probabilities
-from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import (
     RolloutTask,
     data_filter,

@@ -29,8 +29,8 @@ from offaug.algorithms.training.weighting import (
 )
 from offaug.datasets import MixtureSampler, ShardSet, Transitions, load_transitions
 from offaug.datasets.weights import effective_sample_size
+from offaug.pipeline.rollouts.config import RolloutConfig
 from offaug.pipeline.rollouts.noise import parse_noise
-from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 
 SMALL = {"hidden": (32, 32), "batch_size": 64}

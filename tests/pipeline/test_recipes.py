@@ -25,6 +25,7 @@ from offaug.datasets import ShardSet, load_transitions
 from offaug.datasets.action_box import ActionBox
 from offaug.datasets.generate import collect_episodes
 from offaug.pipeline.rollouts.behaviour import CentredPolicy
+from offaug.pipeline.rollouts.config import RolloutConfig, RolloutError
 from offaug.pipeline.rollouts.data import (
     RESET_START,
     EpisodeFilter,
@@ -41,7 +42,7 @@ from offaug.pipeline.rollouts.env_state import (
 )
 from offaug.pipeline.rollouts.noise import parse_noise, truncnorm_log_prob
 from offaug.pipeline.rollouts.policies import BCRolloutPolicy, LearnerRolloutPolicy
-from offaug.pipeline.rollouts.simulator import RolloutConfig, RolloutError, rollout
+from offaug.pipeline.rollouts.simulator import rollout
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 
 PENDULUM_BOX = ActionBox.from_bounds([-2.0], [2.0])

@@ -24,6 +24,7 @@ from offaug.algorithms.training.loop import train
 from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import Transitions, load_transitions
 from offaug.pipeline.contracts import FilterRecord, ModelRef
+from offaug.pipeline.rollouts.config import RolloutConfig
 from offaug.pipeline.rollouts.env_state import (
     StartStates,
     dataset_start_states,
@@ -32,7 +33,6 @@ from offaug.pipeline.rollouts.env_state import (
 )
 from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.policies import load_rollout_policy
-from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 from offaug.pipeline.schema.rollout_section import RolloutModel
 from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig

@@ -13,13 +13,10 @@ import pytest
 
 from offaug.algorithms.evaluate import make_env
 from offaug.datasets import ShardSet, load_transitions
+from offaug.pipeline.rollouts.config import RolloutConfig, RolloutError
+from offaug.pipeline.rollouts.env_state import dataset_start_states
 from offaug.pipeline.rollouts.noise import parse_noise, truncnorm_log_prob
-from offaug.pipeline.rollouts.simulator import (
-    RolloutConfig,
-    RolloutError,
-    dataset_start_states,
-    rollout,
-)
+from offaug.pipeline.rollouts.simulator import rollout
 from offaug.pipeline.rollouts.tasks import split_tasks
 
 BEHAVIOUR_STD = 0.3

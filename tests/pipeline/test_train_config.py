@@ -19,8 +19,8 @@ from offaug.algorithms.training.options import TrainOptions
 from offaug.cli import app
 from offaug.datasets.shards import file_checksum
 from offaug.pipeline.contracts import AugmentedRef
+from offaug.pipeline.rollouts.config import RolloutConfig
 from offaug.pipeline.rollouts.noise import parse_noise
-from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 from offaug.pipeline.schema.run_sections import EvaluationModel
 from offaug.pipeline.schema.sections import SourceConfig, TrainModel

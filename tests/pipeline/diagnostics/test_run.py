@@ -19,8 +19,8 @@ from offaug.algorithms import registry
 from offaug.datasets import load_transitions
 from offaug.pipeline import diagnostics as diag
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef
+from offaug.pipeline.rollouts.config import RolloutConfig
 from offaug.pipeline.rollouts.noise import parse_noise
-from offaug.pipeline.rollouts.simulator import RolloutConfig
 from offaug.pipeline.rollouts.tasks import merge_rollout_shards, run_rollout_task, split_tasks
 from tests.pipeline.diagnostics.helpers import (
     CONFIG,
