@@ -92,8 +92,7 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
             )
     for recipe in arms.values():
         planner.bc_shapes_data[recipe.name] = (
-            str(getattr(recipe.rollout, "policy", "bc") or "bc") == "bc"
-            or recipe.train.weighting == "behaviour"
+            recipe.rollout.policy == "bc" or recipe.train.weighting == "behaviour"
         )
         planner.trainings(recipe, rollouts[recipe.name])
     planner.baselines()
@@ -108,11 +107,7 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
     for recipe in arms.values():
         stages_of = planner.plan.index["recipes"][recipe.name] = RecipeStages(
             weighting=weighting_of(recipe.train),
-            policy=(
-                "none"
-                if recipe.rollout.backend == "diffusion"
-                else str(getattr(recipe.rollout, "policy", "bc") or "bc")
-            ),
+            policy="none" if recipe.rollout.backend == "diffusion" else recipe.rollout.policy,
             bc={str(s): bcs[recipe.name, s] for s in seeds if (recipe.name, s) in bcs},
             rollout={str(s): r for s, r in rollouts[recipe.name].items() if r is not None},
             diagnose={

@@ -298,12 +298,12 @@ class Planner:
                 rollout, seed, "" if recipe.name == DEFAULT_RECIPE else f"[{recipe.name}]"
             )
         assert bc is not None, "a policy's rollouts need the BC stage"
-        policy_name = str(getattr(rollout, "policy", "bc") or "bc")
-        policy_steps = getattr(rollout, "policy_steps", None)
+        policy_name = rollout.policy
+        policy_steps = rollout.policy_steps
         policy = None if policy_name == "bc" else self.plain(policy_name, seed, policy_steps)
         if policy is not None and policy_steps not in (None, self.workflow.plain_train.steps):
             self.policy_models[recipe.name, seed] = policy
-        rounds = getattr(rollout, "rounds", 1)
+        rounds = rollout.rounds
         # Every round rolls out with rounds = 1: round 1 is then the same stage as a recipe
         # without rounds, and shared with it.
         single = rollout.model_copy(update={"rounds": 1}) if rounds > 1 else rollout
