@@ -94,7 +94,13 @@ def load_weights(trainer: Trainer, path: str | os.PathLike[str], algorithm: str)
     checkpoint = load_checkpoint(path)
     if checkpoint.algorithm != algorithm:
         raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint cannot start {algorithm}")
-    trainer.load_state_dict(_learner_state(checkpoint.state))
+    try:
+        trainer.load_state_dict(_learner_state(checkpoint.state))
+    except RuntimeError as exc:  # torch's size mismatch: a checkpoint of other network sizes
+        raise ValueError(
+            f"{path}: its {algorithm} weights do not fit this run's {algorithm} config (give"
+            f" both the same network sizes): {exc}"
+        ) from exc
 
 
 def _learner_state(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from offaug.pipeline.contracts import (
+    BEST_VIDEO_STAGE,
     DATA_VIDEO_STAGE,
     DOCTOR_STAGE,
     REPORT_STAGE,
@@ -190,6 +191,23 @@ def _media(planner: Planner) -> None:
                 media_stages.render_data_stage,
                 config,
                 (Ref("source"), augmented, report, videos, workflow.seed),
+            )
+        )
+    runs = plan.index["runs"]
+    if report.best_video and runs and workflow.evaluation.episodes > 0:
+        plan.add(
+            StageSpec(
+                BEST_VIDEO_STAGE,
+                media_stages.render_best_policy_stage,
+                {"report": report, "seed": workflow.seed},
+                (
+                    Ref("source"),
+                    RefList(tuple(r["stage"] for r in runs)),
+                    tuple((r["learner"], r["recipe"], int(r["seed"])) for r in runs),
+                    report,
+                    planner.layout.videos / "best",
+                    workflow.seed,
+                ),
             )
         )
     if report.doctor:

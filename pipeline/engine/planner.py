@@ -51,6 +51,9 @@ class Planner:
         """Stage -> what one seed's model depends on, where its stage's inputs say more (a
         fused seed's stage reads the fused stage, which reads every seed's rollouts)."""
         self.rollout_merges: set[str] = set()
+        self.rollout_policies: dict[tuple[str, int], str] = {}
+        """(recipe, seed) -> the stage of the policy its last rollout round rolled out (the BC
+        stage for the clone): where ``train.init: policy`` starts its rollout learner."""
         self.plan.index = RunIndex(
             primary_seed=workflow.seed, seeds=list(workflow.seeds), runs=[], recipes={}
         )
@@ -72,11 +75,13 @@ class Planner:
         *,
         plain: bool = True,
         record: bool = True,
+        start: str | None = None,
     ) -> str:
         """One (recipe, learner, seed) run on the original data (``augmented`` None) or on
         original + augmented data; recorded in the run index under its recipe unless ``record``
         is False (a rollout policy of a later round). A recipe without rollouts trains on the
-        original data with its augmentation inside the loss (``plain=False``)."""
+        original data with its augmentation inside the loss (``plain=False``). ``start``: the
+        stage whose model it starts from (``train.init: policy``)."""
         label = f"{algorithm}-{recipe}{self.suffix(seed)}"
         evaluation = self.workflow.evaluation
         config: dict[str, Any] = {
@@ -92,7 +97,9 @@ class Planner:
             config["plain"] = False
             function = functools.partial(function, plain=False)
         init: tuple[Ref, ...] = ()
-        if train.init == "plain" and not (augmented is None and plain):
+        if start is not None:
+            init = (Ref(start),)
+        elif train.init == "plain" and not (augmented is None and plain):
             init = (Ref(self.plain(algorithm, seed)),)
         name = self.plan.add(
             StageSpec(
@@ -129,8 +136,8 @@ class Planner:
             return False
         if not plain and (train.weighting == "policy" or train.state_noise is not None):
             return False  # drawn per batch by the single-seed loop only
-        if not plain and train.init == "plain":
-            return False  # each seed starts from its own plain checkpoint: single-seed loop only
+        if not plain and train.init != "scratch":
+            return False  # each seed starts from its own checkpoint: single-seed loop only
         # Imported here: the learners' modules import torch, and the client that plans a run
         # imports this module before anything heavy (offaug run takes its lock first).
         from offaug.algorithms.training.fused_loop import fusable, fusing_pays
@@ -260,12 +267,18 @@ class Planner:
     def trainings(self, recipe: Recipe, rollouts: dict[int, str | None]) -> None:
         """Every learner of ``recipe`` on every seed: one fused stage per learner that fuses its
         seeds, one stage per seed for the others."""
-        for algorithm in recipe.train.algorithms:
-            if self.fuses(recipe.train, algorithm, plain=False):
-                self.fused(recipe.train, algorithm, recipe.name, rollouts, plain=False)
+        train = recipe.train
+        for algorithm in train.algorithms:
+            continues = train.init == "policy" and algorithm == recipe.rollout.policy
+            if train.init == "policy" and not continues:
+                train = train.model_copy(update={"init": "scratch"})
+            if self.fuses(train, algorithm, plain=False):
+                self.fused(train, algorithm, recipe.name, rollouts, plain=False)
                 continue
             for seed, rollout in rollouts.items():
-                self.train(recipe.train, algorithm, recipe.name, seed, rollout, plain=False)
+                start = self.rollout_policies.get((recipe.name, seed)) if continues else None
+                self.train(train, algorithm, recipe.name, seed, rollout, plain=False, start=start)
+            train = recipe.train
 
     def bc(self, recipe: Recipe, seed: int) -> str:
         own = recipe.bc == self.workflow.bc
@@ -286,10 +299,11 @@ class Planner:
         """The rollout tasks and their merge, round after round; return the last merge's name.
 
         A learner named as the rollout policy rolls out its own plain run of this seed in round
-        1 (trained for ``rollout.policy_steps`` when given); each later round retrains it on the
-        original data and the previous round's rollouts (with the recipe's train settings) and
-        rolls that out. Earlier rounds carry ``.roundK`` in their tag; the last round has the
-        recipe's own names. The diffusion backend rolls nothing out (``bc`` None):
+        1 (trained for ``rollout.policy_steps`` when given), ``bc`` the BC clone; each later
+        round retrains it (the clone as learner ``bc``) on the original data and the previous
+        round's rollouts (with the recipe's train settings) and rolls that out. Earlier rounds
+        carry ``.roundK`` in their tag; the last round has the recipe's own names. The
+        diffusion backend rolls nothing out (``bc`` None):
         :meth:`generation`.
         """
         rollout = recipe.rollout
@@ -310,6 +324,8 @@ class Planner:
         merged = ""
         for round_ in range(1, rounds + 1):
             if round_ > 1:
+                # train.init 'policy': each round continues from the policy it improves on.
+                start = (policy or bc) if recipe.train.init == "policy" else None
                 policy = self.train(
                     recipe.train,
                     policy_name,
@@ -318,12 +334,14 @@ class Planner:
                     merged,
                     plain=False,
                     record=False,
+                    start=start,
                 )
                 self.policy_models[recipe.name, seed] = policy
             tag = "" if recipe.name == DEFAULT_RECIPE else recipe.name
             if round_ < rounds:
                 tag = f"{tag}.round{round_}".lstrip(".")
             merged = self.rollout_round(single, seed, bc, policy, f"[{tag}]" if tag else "")
+        self.rollout_policies[recipe.name, seed] = bc if policy is None else policy
         return merged
 
     def rollout_round(

@@ -147,6 +147,10 @@ def make_render_env(meta: Mapping[str, Any], env_id: str | None, options: VideoO
     if "rgb_array" not in modes:
         raise RenderUnavailable(f"{name} cannot render frames (no rgb_array render mode)")
     if not mujoco:
+        # Classic control draws with pygame: offscreen, with no display or sound to look for
+        # (SDL otherwise prints an XDG_RUNTIME_DIR error on a headless machine).
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         return make_env(meta, env_id, render_mode="rgb_array")
     # MuJoCo renders at its construction-time size, and needs OpenGL before its first frame.
     gl_backend()

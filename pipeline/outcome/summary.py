@@ -19,6 +19,7 @@ from typing import Any, Literal, TypedDict
 import numpy as np
 
 from offaug.pipeline.contracts import (
+    BEST_VIDEO_STAGE,
     DATA_VIDEO_STAGE,
     DOCTOR_STAGE,
     PLAIN,
@@ -305,14 +306,19 @@ def summarise(workflow: Workflow, results: dict[str, Any], index: RunIndex) -> d
 
 
 def media_metrics(results: Mapping[str, Any], config: ReportModel) -> dict[str, Any]:
-    """``metrics.json``'s ``videos`` and ``doctor`` entries from the stages' results (by stage
-    name); empty when the run made neither."""
+    """``metrics.json``'s ``best_video``, ``videos`` and ``doctor`` entries from the stages'
+    results (by stage name); empty when the run made none."""
     metrics: dict[str, Any] = {}
     policies = {
         name.removeprefix(VIDEO_STAGE_PREFIX): record
         for name, record in results.items()
-        if name.startswith(VIDEO_STAGE_PREFIX) and name != DATA_VIDEO_STAGE
+        if name.startswith(VIDEO_STAGE_PREFIX) and name not in (DATA_VIDEO_STAGE, BEST_VIDEO_STAGE)
     }
+    if results.get(BEST_VIDEO_STAGE) is not None:
+        metrics["best_video"] = {
+            **results[BEST_VIDEO_STAGE],
+            "max_report_mb": config.max_report_mb,
+        }
     if policies or DATA_VIDEO_STAGE in results:
         metrics["videos"] = {
             "policies": policies,

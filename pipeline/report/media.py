@@ -190,6 +190,40 @@ def videos_html(videos: Mapping[str, Any] | None, budget: int) -> str:
     return "".join(parts)
 
 
+def best_video_html(best: Mapping[str, Any] | None, budget: int) -> str:
+    """The best policy's section: its arm and its best evaluation episode, within ``budget``
+    bytes of the page."""
+    if not best:
+        return '<p class="missing">Not filmed (the workflow\'s report.best_video is off).</p>'
+    arm = best.get("arm") or {}
+    clips = best.get("clips") or []
+    if arm:
+        metric = "normalised score" if arm.get("metric") == "normalised_score" else "return"
+        text = (
+            f"<b>{html.escape(str(arm.get('learner')))} with"
+            f" {html.escape(str(arm.get('recipe')))}</b>: IQM {metric}"
+            f" {number(arm.get('iqm'), 4)} over {arm.get('seeds')} seed(s), the highest of the"
+            f" study; seed {arm.get('seed')}'s run scored {number(arm.get('score'), 4)}."
+        )
+        parts = [f"<p>{text}</p>"]
+    else:
+        parts = []
+    if best.get("unavailable") or not clips:
+        why = best.get("unavailable") or "nothing was filmed"
+        return "".join(parts) + f'<p class="missing">Not filmed: {html.escape(str(why))}</p>'
+    clip = clips[0]
+    fitted = _fit(clip, max(0, budget - _MARKUP_PER_CLIP))
+    if fitted.data_uri is None:
+        return "".join(parts) + f'<p class="missing">Left out: {html.escape(fitted.cut)}.</p>'
+    size = f'width="{clip.get("width")}" height="{clip.get("height")}"'
+    cut = f" (shown at {html.escape(fitted.cut)})" if fitted.cut else ""
+    parts.append(
+        f'<div class="clips"><figure><img src="{fitted.data_uri}" {size} alt="the best policy">'
+        f"<figcaption>{_caption(clip)}{cut}</figcaption></figure></div>"
+    )
+    return "".join(parts)
+
+
 def doctor_html(doctor: Mapping[str, Any] | None) -> str:
     """The Dataset doctor section: the findings on the source and on the augmented data."""
     if not doctor:

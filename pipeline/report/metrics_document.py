@@ -109,6 +109,30 @@ class Videos(TypedDict, total=False):
     """Bound on report.html (10^6 bytes)."""
 
 
+class BestArm(TypedDict, total=False):
+    """The arm :func:`offaug.pipeline.stages.media.render_best_policy_stage` chose."""
+
+    learner: str
+    recipe: str
+    seed: int
+    """The seed whose run was filmed."""
+    iqm: float
+    """The arm's IQM over its seeds."""
+    seeds: int
+    score: float
+    """The filmed run's own evaluation score."""
+    metric: str
+    """``normalised_score``, or ``return`` without reference scores."""
+
+
+class BestVideo(VideoSet, total=False):
+    """``metrics.json``'s ``best_video``: the study's best policy in its best evaluation
+    episode (workflow ``report.best_video``)."""
+
+    arm: BestArm
+    max_report_mb: float
+
+
 class DoctorFindings(TypedDict, total=False):
     """:meth:`offaug.datasets.doctor.DoctorReport.to_json`."""
 
@@ -154,6 +178,8 @@ class Metrics(TypedDict, total=False):
     diagnostics: dict[str, Any]
     """:func:`offaug.pipeline.diagnostics.run_diagnostics`'s document, typed as
     :class:`offaug.pipeline.diagnostics.document.Diagnostics`."""
+    best_video: BestVideo
+    """The study's best policy, filmed (workflow ``report.best_video``)."""
     videos: Videos
     """Animations of trained policies and of the data (workflow ``report.videos``)."""
     doctor: Doctor

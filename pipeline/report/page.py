@@ -17,7 +17,13 @@ from typing import Any
 from offaug.datasets.atomic import atomic_path
 from offaug.pipeline.contracts import PLAIN
 from offaug.pipeline.report.formatting import get, headline, number, percent, training_pairs
-from offaug.pipeline.report.media import DEFAULT_MAX_REPORT_MB, MEGABYTE, doctor_html, videos_html
+from offaug.pipeline.report.media import (
+    DEFAULT_MAX_REPORT_MB,
+    MEGABYTE,
+    best_video_html,
+    doctor_html,
+    videos_html,
+)
 from offaug.pipeline.report.plots import Plot, render_plots
 from offaug.pipeline.report.quality_section import QUALITY_HEADER, quality_rows
 from offaug.pipeline.report.verdict_section import VERDICT_CSS, comparison_html, verdict_html
@@ -54,6 +60,7 @@ tr.error td:first-child { color: #b3261e; font-weight: 600; }
 
 
 _VIDEOS_SLOT = "<!-- videos -->"
+_BEST_SLOT = "<!-- best policy -->"
 
 
 def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], css: str = "") -> str:
@@ -353,6 +360,7 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
     timings = diagnostics.get("timings") or {}
     sections = [
         ("Best augmented against best plain, at equal gradient steps", comparison_html(metrics)),
+        ("The best policy", _BEST_SLOT),
         ("Does augmentation help?", verdict_html(metrics)),
         ("Headline", _table(None, head_rows, "headline") if head_rows else _missing("—")),
         ("Scores", _scores_html(metrics.get("training") or {})),
@@ -378,10 +386,14 @@ def render_html(metrics: Mapping[str, Any], *, title: str = "offaug run report")
         f"<title>{html.escape(title)}</title><style>{_CSS}{VERDICT_CSS}</style></head>"
         f"<body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
     )
-    # The videos get what the rest of the page leaves of the size bound.
-    videos = metrics.get("videos")
-    limit = float((videos or {}).get("max_report_mb") or DEFAULT_MAX_REPORT_MB) * MEGABYTE
-    budget = int(limit) - len(page.encode("utf-8")) + len(_VIDEOS_SLOT)
+    # The best policy's clip, then the videos, get what the rest of the page leaves of the
+    # size bound: the best clip at most half of it.
+    videos, best = metrics.get("videos"), metrics.get("best_video")
+    bound = (videos or best or {}).get("max_report_mb") or DEFAULT_MAX_REPORT_MB
+    limit = int(float(bound) * MEGABYTE)
+    left = limit - len(page.encode("utf-8")) + len(_VIDEOS_SLOT) + len(_BEST_SLOT)
+    page = page.replace(_BEST_SLOT, best_video_html(best, left // 2))
+    budget = limit - len(page.encode("utf-8")) + len(_VIDEOS_SLOT)
     return page.replace(_VIDEOS_SLOT, videos_html(videos, budget))
 
 

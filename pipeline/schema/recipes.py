@@ -224,4 +224,18 @@ def _recipe(
                     )
     if len(parts) < len(base):
         return None
-    return Recipe(name, parts["bc"], parts["rollout"], parts["train"])
+    recipe = Recipe(name, parts["bc"], parts["rollout"], parts["train"])
+    train, rollout = recipe.train, recipe.rollout
+    if train.init == "policy" and (
+        not recipe.rolls_out_a_policy or rollout.policy not in train.algorithms
+    ):
+        found.append(
+            (
+                (*where, "train", "init") if where[0] == "recipes" else where,
+                f"init 'policy' continues the learner that rolls out: it needs backend"
+                f" simulator or model and rollout.policy ({rollout.policy}) among"
+                f" train.algorithms {list(train.algorithms)}",
+            )
+        )
+        return None
+    return recipe

@@ -162,10 +162,11 @@ class RolloutModel(StrictSection):
         1,
         ge=1,
         description=(
-            "With a learner as the policy: rounds of train -> roll out -> retrain. Round 1 rolls"
-            " out the learner's plain run; each later round retrains the learner on the original"
-            " data plus the previous round's rollouts (this recipe's train settings) and rolls"
-            " that out. The last round's rollouts are the recipe's augmented data."
+            "Rounds of train -> roll out -> retrain. Round 1 rolls out the policy (the BC clone,"
+            " or the learner's plain run); each later round retrains it (the clone as learner"
+            " bc) on the original data plus the previous round's rollouts (this recipe's train"
+            " settings) and rolls that out. The last round's rollouts are the recipe's augmented"
+            " data."
         ),
     )
     policy_steps: int | None = Field(
@@ -299,11 +300,6 @@ class RolloutModel(StrictSection):
         if self.backend == "diffusion" and self.tasks > self.diffusion.samples:
             raise ValueError(
                 f"tasks ({self.tasks}) must not exceed diffusion.samples ({self.diffusion.samples})"
-            )
-        if self.rounds > 1 and self.policy == "bc":
-            raise ValueError(
-                f"rounds {self.rounds} needs a learner as the policy (policy: td3bc, say): the"
-                " BC clone is not retrained on augmented data"
             )
         return self
 

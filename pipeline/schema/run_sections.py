@@ -94,6 +94,14 @@ class ReportModel(StrictSection):
             " augmented episodes (offscreen OpenGL; without it the report says so)."
         ),
     )
+    best_video: bool = Field(
+        True,
+        description=(
+            "Film the study's best policy (the arm with the highest IQM over its seeds, plain or"
+            " augmented; the primary seed's run) in its best evaluation episode, shown below the"
+            " report's opening verdict (offscreen rendering; without it the report says so)."
+        ),
+    )
     video_episodes: int = Field(
         2,
         gt=0,

@@ -132,12 +132,15 @@ class TrainModel(StrictSection):
             " the bar it is judged against, see docs/pipeline.md)."
         ),
     )
-    init: Literal["scratch", "plain"] = Field(
+    init: Literal["scratch", "plain", "policy"] = Field(
         "scratch",
         description=(
-            "Where an augmented arm's learner starts: from scratch, or from the same learner's"
+            "Where an augmented arm's learner starts: from scratch; from the same learner's"
             " plain run of the same seed (its checkpoint's weights), training train.steps more"
-            " on the mix; its total gradient steps then include the plain run's."
+            " on the mix, its total gradient steps then including the plain run's; or 'policy':"
+            " the learner that rolled out (rollout.policy; bc: the BC clone, its sizes as"
+            " train.configs.bc's) continues from the policy whose rollouts it trains on (the"
+            " last round's), already counted in its total, and the other learners from scratch."
         ),
     )
     configs: dict[str, dict[str, Any]] = Field(

@@ -162,6 +162,59 @@ def render_policy_stage(
     }
 
 
+def render_best_policy_stage(
+    data: DatasetRef,
+    models: Sequence[ModelRef],
+    arms: Sequence[tuple[str, str, int]],
+    config: ReportModel,
+    out_dir: Path,
+    seed: int,
+) -> dict[str, Any]:
+    """Film the best policy of the study in its best evaluation episode into ``out_dir``.
+
+    ``models[i]`` is the run ``arms[i]`` = (learner, recipe, seed). The best arm is the one
+    with the highest IQM of its evaluation scores over its seeds (normalised scores, else
+    returns), plain or augmented; its run of seed ``seed`` (else its first) is filmed.
+
+    Returns:
+        :func:`render_policy_stage`'s record with ``arm``: ``{"learner", "recipe", "seed",
+        "iqm", "seeds", "score"}``, or ``{"unavailable": why}`` when no run was evaluated.
+    """
+    from offaug.pipeline.outcome.statistics import iqm  # rliable, imported by the stage only
+
+    by_arm: dict[tuple[str, str], list[tuple[int, float, ModelRef]]] = {}
+    score_key = "normalised_score"
+    evaluations = [(model.metrics.get("eval") or {}) for model in models]
+    if any(e.get(score_key) is None for e in evaluations):
+        score_key = "return"
+    for (learner, recipe, run_seed), model, evaluation in zip(
+        arms, models, evaluations, strict=True
+    ):
+        if evaluation.get(score_key) is not None:
+            by_arm.setdefault((learner, recipe), []).append(
+                (run_seed, float(evaluation[score_key]), model)
+            )
+    if not by_arm:
+        return {"unavailable": "no trained policy was evaluated (evaluation.episodes 0?)"}
+    ranked = {arm: iqm([score for _, score, _ in runs]) for arm, runs in by_arm.items()}
+    (learner, recipe), value = max(ranked.items(), key=lambda item: item[1])
+    runs = by_arm[learner, recipe]
+    run_seed, score, model = next((r for r in runs if r[0] == seed), runs[0])
+    record = render_policy_stage(
+        data, model, config.model_copy(update={"video_episodes": 1}), out_dir, run_seed
+    )
+    record["arm"] = {
+        "learner": learner,
+        "recipe": recipe,
+        "seed": run_seed,
+        "iqm": value,
+        "seeds": len(runs),
+        "score": score,
+        "metric": score_key,
+    }
+    return record
+
+
 def render_data_stage(
     data: DatasetRef,
     augmented: AugmentedRef | None,

@@ -5,6 +5,7 @@ doctor on shard sets built to have a pitfall. Every film keeps a few small frame
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from offaug.pipeline.stages import learning as stages
 from offaug.pipeline.stages import rollouts as rollout_stages
 from offaug.pipeline.stages.doctor import doctor_stage
 from offaug.pipeline.stages.media import (
+    render_best_policy_stage,
     render_data_stage,
     render_policy_stage,
     return_ranks,
@@ -85,6 +87,39 @@ def test_policy_films_are_its_best_and_worst_evaluation_episodes(
         assert frames.shape[1:] == (48, 64, 3) and 1 <= frames.shape[0] <= 3
         assert clip["bytes"] == Path(clip["path"]).stat().st_size
     assert record["paths"] == [best["path"], worst["path"]] and record["kind"] == "files"
+
+
+def test_the_best_policy_is_the_arm_of_highest_iqm_filmed_on_the_primary_seed(
+    opengl: str, trained: Any, tmp_path: Path
+) -> None:
+    data, model, _ = trained
+
+    def scored(score: float) -> ModelRef:
+        evaluation = {**model.metrics["eval"], "normalised_score": score}
+        return dataclasses.replace(model, metrics={**model.metrics, "eval": evaluation})
+
+    # bc-plain has the single best run (90) but the lower IQM over its three seeds.
+    arms = [("bc", "plain", s) for s in (0, 1, 2)] + [("bc", "aug", s) for s in (0, 1, 2)]
+    models = [scored(v) for v in (90.0, 10.0, 12.0, 60.0, 55.0, 58.0)]
+    record = render_best_policy_stage(data, models, arms, FILMS, tmp_path / "best", 0)
+    assert record["arm"] == {
+        "learner": "bc",
+        "recipe": "aug",
+        "seed": 0,
+        "iqm": pytest.approx(np.mean([60.0, 55.0, 58.0])),
+        "seeds": 3,
+        "score": 60.0,
+        "metric": "normalised_score",
+    }
+    (clip,) = record["clips"]
+    # Its best evaluation episode: the primary seed's run, from its evaluation's reset seeds.
+    assert clip["label"] == "best" and Path(clip["path"]).is_file()
+    assert clip["episode_return"] == pytest.approx(max(model.metrics["eval"]["returns"]), rel=1e-5)
+    metrics = media_metrics({"video:best": record}, FILMS)
+    assert metrics["best_video"]["arm"]["recipe"] == "aug" and "videos" not in metrics
+    unevaluated = dataclasses.replace(model, metrics={"train": {}})
+    nothing = render_best_policy_stage(data, [unevaluated], arms[:1], FILMS, tmp_path, 0)
+    assert set(nothing) == {"unavailable"}
 
 
 def test_data_films_show_recorded_states_and_exact_replays(

@@ -52,9 +52,13 @@ def test_one_seed_and_the_default_recipe_keep_the_plain_names(tmp_path: Path) ->
         "diagnose:cql-augmented",
         "diagnose:bcq-augmented",
         "diagnose",
+        # The study's best policy, filmed for the report's top: it reads every run.
+        "video:best",
         "doctor",
         "report",
     ]
+    runs_in_order = [n for n in plan.names if n.startswith("train:")]
+    assert plan.stages["video:best"].inputs == ("source", *runs_in_order)
     spec = plan.stages["train:cql-augmented"]
     assert spec.inputs == ("source", "rollout")
     assert spec.args[5] == str(tmp_path / "run" / "models" / "cql-augmented")
@@ -293,8 +297,58 @@ def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
         ("cql", "baseline[40000]"),
         ("cql", "baseline[60000]"),
     }
-    with pytest.raises(ValueError, match=r"recipes\.r\.rollout.*rounds 2 needs a learner"):
-        _workflow(recipes={"r": {"rollout": {"rounds": 2}}})
+
+
+def test_rollout_rounds_of_the_bc_clone_retrain_it_as_learner_bc(tmp_path: Path) -> None:
+    """ReST-style rounds of the clone: round 1 rolls out the BC stage's clone, round 2 the BC
+    learner retrained on the data and round 1's kept episodes; every BC model counts."""
+    workflow = _workflow(
+        train={"algorithms": ["bc"], "fuse_seeds": False},
+        recipes={"self": {"rollout": {"policy": "bc", "filter": "policy", "rounds": 2}}},
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(workflow, tmp_path)
+    stages = plan.stages
+    assert stages["rollout[self.round1]:0"].inputs == ("source", "bc")
+    assert stages["train:bc-self.round1"].inputs == ("source", "rollout[self.round1]")
+    assert stages["rollout[self]:0"].inputs == ("source", "bc", "train:bc-self.round1")
+    assert stages["train:bc-self"].inputs == ("source", "rollout[self]")
+    assert plan.index["recipes"]["self"].get("policy_models") == {"0": "train:bc-self.round1"}
+    # The clone's 20,000 steps, the retrained clone's 10,000 and the arm's own 10,000.
+    (run,) = [r for r in plan.index["runs"] if r["recipe"] == "self"]
+    assert run["steps"] == 40_000
+    assert ("bc", "baseline[40000]") in {(r["learner"], r["recipe"]) for r in plan.index["runs"]}
+
+
+def test_init_policy_continues_the_learner_that_rolled_out_from_that_policy(
+    tmp_path: Path,
+) -> None:
+    """The BC arm continues from the clone whose rollouts it trains on (each round from the
+    previous round's policy); the other learners start from scratch; steps count once."""
+    workflow = _workflow(
+        train={"algorithms": ["bc", "cql"], "fuse_seeds": False},
+        recipes={
+            "self": {
+                "rollout": {"policy": "bc", "filter": "policy", "rounds": 2},
+                "train": {"init": "policy"},
+            }
+        },
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(workflow, tmp_path)
+    stages = plan.stages
+    assert stages["train:bc-self.round1"].inputs == ("source", "rollout[self.round1]", "bc")
+    assert stages["train:bc-self"].inputs == ("source", "rollout[self]", "train:bc-self.round1")
+    assert stages["train:cql-self"].inputs == ("source", "rollout[self]")
+    runs = {(r["learner"], r["recipe"]): r for r in plan.index["runs"]}
+    # The clone's 20,000, round 1's 10,000 and the arm's own 10,000: each counted once.
+    assert runs["bc", "self"]["steps"] == 40_000
+    assert runs["cql", "self"]["steps"] == 40_000
+    with pytest.raises(ValueError, match=r"init 'policy' continues the learner that rolls out"):
+        _workflow(
+            train={"algorithms": ["cql"]},
+            recipes={"r": {"rollout": {"policy": "iql"}, "train": {"init": "policy"}}},
+        )
 
 
 def test_noise_calibration_is_one_stage_before_every_rollout_task(tmp_path: Path) -> None:
@@ -430,14 +484,20 @@ def test_media_doctor_and_report_are_planned_after_what_they_read(tmp_path: Path
     of its first augmented set, the doctor on that set, and the report on every other stage."""
     plan = _plan(_workflow(seeds=[0, 1], report={"videos": True}), tmp_path)
     # The equal-steps plain arms are planned last, and filmed too.
-    assert plan.names[-6:] == [
+    assert plan.names[-7:] == [
         "video:bcq-augmented",
         "video:cql-baseline[30000]",
         "video:bcq-baseline[30000]",
         "video:data",
+        "video:best",
         "doctor",
         "report",
     ]
+    # Every seed's runs choose the best arm; the primary seed's run of it is filmed.
+    best = plan.stages["video:best"]
+    assert len(best.inputs) == 1 + 2 * 6 and best.args[-1] == 0
+    off = _plan(_workflow(report={"best_video": False}), tmp_path / "off")
+    assert "video:best" not in off.names
     assert plan.stages["video:cql-plain"].inputs == ("source", "train:cql-plain")
     assert "video:cql-plain@s1" not in plan.names
     assert plan.stages["video:data"].inputs == ("source", "rollout")

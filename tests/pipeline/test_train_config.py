@@ -23,7 +23,7 @@ from offaug.pipeline.rollouts.config import RolloutConfig
 from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 from offaug.pipeline.schema.run_sections import EvaluationModel
-from offaug.pipeline.schema.sections import SourceConfig, TrainModel
+from offaug.pipeline.schema.sections import BCConfigModel, SourceConfig, TrainModel
 from offaug.pipeline.schema.validation import WorkflowError
 from offaug.pipeline.schema.workflow import load_workflow
 from offaug.pipeline.stages import learning as stages
@@ -228,4 +228,10 @@ def test_init_plain_continues_from_the_plain_checkpoint(
             [data.source],
             tmp_path / "wrong",
             options=TrainOptions(steps=1, eval_every=0, init_checkpoint=plain.path),
+        )
+    # train.init 'policy' starts BC from the clone: other sizes are named, not a torch error.
+    clone = stages.train_bc(data, BCConfigModel(steps=2, hidden=(8, 8)), str(tmp_path / "bc"), 0)
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: its bc weights do not fit"):
+        stages.train_offline(
+            "bc", data, augmented, config, evaluation, str(tmp_path / "c"), 0, None, clone
         )
