@@ -39,7 +39,7 @@ def test_a_run_with_videos_embeds_animations_and_the_doctor(
     first = run_workflow(workflow, run_dir, scheduler=cluster.address)
     # Every trained policy is filmed, the equal-steps plain arm (BC's 60 steps + 40) too.
     policies = {"bc-plain", "bc-augmented", "bc-baseline[100]"}
-    media = {*(f"video:{p}" for p in policies), "video:data", "doctor"}
+    media = {*(f"video:{p}" for p in policies), "video:data", "video:best", "doctor"}
     assert media <= set(first.executed)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     videos = metrics["videos"]
@@ -51,7 +51,14 @@ def test_a_run_with_videos_embeds_animations_and_the_doctor(
     assert all(Path(p).parent == run_dir / "videos" for p in videos["data"]["paths"])
     assert metrics["doctor"]["source"]["findings"] and metrics["doctor"]["augmented"]
     report = (run_dir / "report.html").read_text(encoding="utf-8")
-    assert report.count('<img src="data:image/gif') == 2 * 3 + 4
+    # Two films per policy, four of the data, and the best policy's under the verdict.
+    best = metrics["best_video"]
+    assert best["arm"]["learner"] == "bc" and best["arm"]["recipe"] in {
+        r.split("-", 1)[1] for r in policies
+    }
+    assert Path(best["clips"][0]["path"]).parent == run_dir / "videos" / "best"
+    assert report.count('<img src="data:image/gif') == 2 * 3 + 4 + 1
+    assert report.index("<h2>The best policy</h2>") < report.index("<h2>Videos</h2>")
     assert "<h2>Dataset doctor</h2>" in report
 
     again = run_workflow(workflow, run_dir, scheduler=cluster.address)
