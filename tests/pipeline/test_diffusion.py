@@ -233,6 +233,7 @@ def test_the_plan_trains_a_denoiser_samples_in_tasks_and_merges(tmp_path: Path) 
         "train:td3bc-augmented",
         # td3bc on the original data for the denoiser's 3,000 steps and the arm's 10,000.
         "train:td3bc-baseline[13000]",
+        "video:best",
         "doctor",
         "report",
     ]
