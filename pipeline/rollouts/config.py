@@ -56,6 +56,9 @@ class RolloutConfig:
     """Reward per step an episode may fall short of its reference by and still be kept."""
     filter_tolerance: float = 0.0
     """Fraction of the reference's size an episode may fall short by and still be kept."""
+    tries: int = 1
+    """Episodes per start (the same reset seed, or the same dataset row), each with its own
+    noise; of those the filter keeps, only the one of highest return stays (best of K)."""
     max_faults: int = 1000
     """Stop with an error after this many environment faults."""
 

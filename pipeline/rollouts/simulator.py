@@ -203,6 +203,8 @@ class _Rollout:
         self.start_rows = np.full(n_envs, RESET_START, dtype=np.int64)
         self.reset_seeds = np.zeros(n_envs, dtype=np.int64)
         self.started = 0
+        self.start_rows_drawn: dict[int, int] = {}
+        """Start index -> its dataset row (``tries``: every try branches from the same row)."""
         self.step_count = 0
         self.simulator_steps = 0
         """Environment steps taken so far."""
@@ -214,12 +216,17 @@ class _Rollout:
         config = self.config
         for attempt in range(3):
             try:
-                seed = int(config.seed * 100_003 + self.started * 7 + attempt)
+                # With tries K, episodes started*K .. started*K + K - 1 share one start.
+                start = self.started // config.tries
+                seed = int(config.seed * 100_003 + start * 7 + attempt)
                 obs, _ = self.envs[i].reset(seed=seed)
                 self.reset_seeds[i] = seed
                 if config.start == "dataset":
                     assert self.start_states is not None
-                    row = self._draw_start_row(len(self.start_states))
+                    row = self.start_rows_drawn.get(start)
+                    if row is None:
+                        row = self._draw_start_row(len(self.start_states))
+                        self.start_rows_drawn[start] = row
                     states = self.start_states
                     obs = set_state(self.envs[i], states.kind, states.row(row))
                     self.start_rows[i] = row
@@ -391,8 +398,19 @@ class _Rollout:
         returns = np.asarray(self.episodes.returns, dtype=np.float64)
         dropped = 0
         record = None
-        if self.config.filter != "none":
-            keep, record = self._judge(data, lengths, returns)
+        if self.config.filter != "none" or self.config.tries > 1:
+            keep = np.ones(len(lengths), dtype=bool)
+            if self.config.filter != "none":
+                keep, record = self._judge(data, lengths, returns)
+            if self.config.tries > 1:
+                keep &= best_of_starts(
+                    returns,
+                    keep,
+                    np.asarray(self.episodes.reset_seeds, dtype=np.int64),
+                    np.asarray(self.episodes.start_rows, dtype=np.int64),
+                )
+                if record is not None:
+                    record = dataclasses.replace(record, kept=tuple(keep.tolist()))
             data = keep_episodes(data, lengths, keep)
             lengths, returns = lengths[keep], returns[keep]
             dropped = int((~keep).sum())
@@ -463,6 +481,21 @@ class _Rollout:
             start_rows=tuple(start_rows.tolist()),
         )
         return keep, record
+
+
+def best_of_starts(
+    returns: FloatArray, keep: npt.NDArray[np.bool_], reset_seeds: IntArray, start_rows: IntArray
+) -> npt.NDArray[np.bool_]:
+    """(episodes,) bool: per start (reset seed and start row), the first kept episode of
+    highest return; a start with none kept has none."""
+    best: dict[tuple[int, int], int] = {}
+    for index in np.flatnonzero(keep):
+        key = (int(reset_seeds[index]), int(start_rows[index]))
+        if key not in best or returns[index] > returns[best[key]]:
+            best[key] = int(index)
+    chosen = np.zeros(len(returns), dtype=bool)
+    chosen[list(best.values())] = True
+    return chosen
 
 
 def describe(result: RolloutResult) -> str:

@@ -457,6 +457,7 @@ def rollout_to_shard_set(
                 "filter": config.filter,
                 "filter_margin": config.filter_margin,
                 "filter_tolerance": config.filter_tolerance,
+                "tries": config.tries,
             },
         )
     return RolloutOutcome(ShardSet.open(final), tuple(results))

@@ -252,6 +252,16 @@ class RolloutModel(StrictSection):
             " length."
         ),
     )
+    tries: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Simulator backend: episodes per start (the same reset seed, or the same dataset"
+            " row), each with its own noise; of those the filter keeps, only the one of highest"
+            " return stays: best of K from every start, so hard starts are kept as often as"
+            " easy ones. Counted in episodes (episodes 100, tries 4: 25 starts)."
+        ),
+    )
     noise_calibration: NoiseCalibrationModel | None = Field(
         None,
         description=(
@@ -293,6 +303,8 @@ class RolloutModel(StrictSection):
                 "noise_calibration needs filter 'data', 'policy' or 'value' and backend"
                 " 'simulator': it keeps the largest noise whose episodes the filter keeps"
             )
+        if self.tries > 1 and self.backend != "simulator":
+            raise ValueError("tries is the simulator backend's: K episodes from each start")
         self._check_filter()
         self._check_penalty()
         if self.starts == "disagreement" and self.backend != "model":

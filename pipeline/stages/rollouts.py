@@ -53,6 +53,7 @@ def _rollout_config(
         filter=config.filter,
         filter_margin=config.filter_margin,
         filter_tolerance=config.filter_tolerance,
+        tries=config.tries,
     )
 
 

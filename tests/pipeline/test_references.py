@@ -131,6 +131,45 @@ def test_self_improvement_keeps_only_episodes_that_beat_the_noiseless_policy(
         assert summary["kept_improvement"] > 0
 
 
+def test_tries_keep_the_best_of_each_start_where_it_beats_the_noiseless_policy(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """``tries: 4``: four noisy episodes from one reset seed share one reference; only the
+    best of them stays, and only when it beats that reference."""
+    made = make_test_dataset("pendulum", "hdf5")
+    checkpoint = _train("bc", made.dataset_id, tmp_path / "bc", steps=60)
+    config = RolloutConfig(
+        episodes=12,
+        n_envs=3,
+        noise=parse_noise("gaussian:0.5"),
+        seed=5,
+        horizon=25,
+        filter="policy",
+        tries=4,
+    )
+    outcome = rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=2)
+    kept_scores = []
+    for record in _records(outcome):
+        groups: dict[int, list[int]] = {}
+        for index, seed in enumerate(record.reset_seeds):
+            groups.setdefault(seed, []).append(index)
+        assert sorted(len(g) for g in groups.values()) == [2, 4]  # 6 episodes: starts of 4, 2
+        for members in groups.values():
+            references = {round(record.references[i], 4) for i in members}
+            assert len(references) == 1  # one start, one noiseless reference
+            scores = [record.scores[i] for i in members]
+            assert len({round(v, 4) for v in scores}) == len(scores)  # each try its own noise
+            best = members[int(np.argmax(scores))]
+            for i in members:
+                assert record.kept[i] == (i == best and record.scores[i] > record.references[i])
+            kept_scores += [record.scores[i] for i in members if record.kept[i]]
+    returns = outcome.shard_set.load().episode_returns() if kept_scores else []
+    np.testing.assert_allclose(returns, kept_scores, rtol=1e-6)
+    assert outcome.shard_set.params["tries"] == 4
+    with pytest.raises(ValidationError, match="tries is the simulator backend's"):
+        RolloutModel(backend="model", tries=2)
+
+
 def test_self_improvement_branches_compare_with_the_same_restored_state(
     make_test_dataset, tmp_path: Path
 ) -> None:
