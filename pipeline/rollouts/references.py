@@ -76,16 +76,24 @@ def noiseless_returns(
 
     Each start is ``env.reset(seed=reset_seeds[i])``, then the dataset state of
     ``start_rows[i]`` when it is not negative, as the rollout began it; each reference ends at
-    a termination, a truncation or ``limit`` steps. The envs are stepped together, one batched
-    policy call per step. Rewards are summed as the rollout sums them (float32 each).
+    a termination, a truncation or ``limit`` steps; episodes of the same start share one
+    reference, rolled out once. The envs are stepped together, one batched policy call per step. Rewards are summed as the rollout sums them (float32 each).
     """
-    returns = np.full(len(reset_seeds), np.nan)
-    for first in range(0, len(reset_seeds), len(envs)):
-        batch = np.arange(first, min(first + len(envs), len(reset_seeds)))
+    # Episodes of one start (``rollout.tries``) share one reference: each is rolled out once.
+    starts, of_episode = np.unique(
+        np.stack([np.asarray(reset_seeds), np.asarray(start_rows)], axis=1),
+        axis=0,
+        return_inverse=True,
+    )
+    seeds, rows = starts[:, 0], starts[:, 1]
+    returns = np.full(len(starts), np.nan)
+    for first in range(0, len(starts), len(envs)):
+        batch = np.arange(first, min(first + len(envs), len(starts)))
         returns[batch] = _noiseless_batch(
-            policy, envs, reset_seeds[batch], start_rows[batch], start_states, limit
+            policy, envs, seeds[batch], rows[batch], start_states, limit
         )
-    return returns
+    episode_returns: FloatArray = returns[np.asarray(of_episode).reshape(-1)]
+    return episode_returns
 
 
 def _noiseless_batch(
