@@ -17,11 +17,17 @@ against the same best plain learner), then ``augmentation_datasets_won`` and
 0 and P(improvement) >= 0.75; goal 3 of 4 each) and ``augmentation_default_never_loses``
 (datasets where the default recipe's interval lies below 0; goal 0).
 
+The recipes that need no simulator (``rollout.backend`` ``model``, ``diffusion`` or ``none``
+with ``train.state_noise``) are judged on their own as well (issue 34):
+``augmentation_simfree_<dataset>`` (the best of them against the same best plain learner) and
+``augmentation_simfree_thin_datasets_won`` (goal 2 of the 4 thin versions).
+
 A rerun into the same ``--out`` directory skips every finished stage, so a study can be extended
 by more seeds (``--seeds``) or more recipes (edit the template) without retraining the rest.
 
 Usage: ``python benchmarks/bench_augmentation.py [--quick] [--datasets a,b] [--seeds 0,1,2]
-[--workers 2] [--out DIR]``; JSON lines on stdout.
+[--recipes a,b] [--workers 2] [--out DIR]``; JSON lines on stdout. ``--recipes`` runs a subset of
+the template's recipes (the plain arms are always trained).
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ THIN_SHARE = 0.1
 """The thin version of a dataset keeps this share of its episodes (the first ones)."""
 DATASETS_GOAL = 3
 """Datasets (of four, and of their four thin versions) on which augmentation must win."""
+SIMULATOR_FREE_GOAL = 2
+"""Thin versions (of four) on which the best simulator-free recipe must win (issue 34)."""
 HELPS_PROBABILITY = 0.75
 """P(improvement) a win also needs, beside an interval above 0."""
 
@@ -105,10 +113,40 @@ class Sizes:
     bc_steps: int
     eval_episodes: int
     rollout_episodes: int
+    model_steps: int | None = None
+    """Training steps of the dynamics ensemble and of the denoiser; None: the schema's."""
+    generated_samples: int | None = None
+    """The denoiser's samples; None: the schema's."""
 
 
 FULL = Sizes(train_steps=None, bc_steps=5000, eval_episodes=10, rollout_episodes=50)
-QUICK = Sizes(train_steps=500, bc_steps=1000, eval_episodes=3, rollout_episodes=8)
+QUICK = Sizes(
+    train_steps=500,
+    bc_steps=1000,
+    eval_episodes=3,
+    rollout_episodes=8,
+    model_steps=300,
+    generated_samples=4096,
+)
+
+
+def simulator_free(document: dict[str, Any]) -> list[str]:
+    """The workflow's recipes that need no simulator: model rollouts, generated samples, or
+    state noise alone (``backend: none`` with ``train.state_noise``)."""
+    from offaug.pipeline.schema.recipes import merged
+
+    names = []
+    for name, overrides in (document.get("recipes") or {}).items():
+        recipe = merged(
+            {"rollout": document.get("rollout", {}), "train": document.get("train", {})},
+            overrides or {},
+        )
+        backend = recipe["rollout"].get("backend", "simulator")
+        if backend in ("model", "diffusion") or (
+            backend == "none" and recipe["train"].get("state_noise")
+        ):
+            names.append(name)
+    return names
 
 
 def _dataset_path(name: str, thin: bool) -> tuple[Path, str]:
@@ -140,9 +178,15 @@ def _dataset_path(name: str, thin: bool) -> tuple[Path, str]:
 
 
 def workflow_document(
-    name: str, source: Path, seeds: list[int], sizes: Sizes, workers: int
+    name: str,
+    source: Path,
+    seeds: list[int],
+    sizes: Sizes,
+    workers: int,
+    recipes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The template with one dataset's source, seeds, sizes and learner configs filled in."""
+    """The template with one dataset's source, seeds, sizes and learner configs filled in
+    (``recipes``: only these of the template's; None: all)."""
     document: dict[str, Any] = yaml.safe_load(TEMPLATE.read_text())
     spec = DATASETS[name.removesuffix("-thin")]
     document["name"] = f"augmentation-{name}"
@@ -155,6 +199,19 @@ def workflow_document(
     for learner, overrides in spec.configs.items():
         document["train"]["configs"].setdefault(learner, {}).update(overrides)
     document["evaluation"]["episodes"] = sizes.eval_episodes
+    if sizes.model_steps is not None:
+        document["rollout"]["dynamics"] = {"steps": sizes.model_steps}
+        document["rollout"]["diffusion"] = {"steps": sizes.model_steps}
+    if sizes.generated_samples is not None:
+        document["rollout"].setdefault("diffusion", {})["samples"] = sizes.generated_samples
+    if recipes is not None:
+        unknown = sorted(set(recipes) - set(document["recipes"]))
+        if unknown:
+            raise ValueError(
+                f"{TEMPLATE}: no recipe {', '.join(unknown)} (it has"
+                f" {', '.join(document['recipes'])})"
+            )
+        document["recipes"] = {k: v for k, v in document["recipes"].items() if k in recipes}
     document["cluster"] = {"kind": "local", "workers": workers}
     return document
 
@@ -185,12 +242,17 @@ def _per_seed(metrics: dict[str, Any], learner: str, recipe: str) -> list[float 
 
 
 def dataset_records(
-    name: str, metrics: dict[str, Any], size: dict[str, Any], default_recipe: str = "default"
+    name: str,
+    metrics: dict[str, Any],
+    size: dict[str, Any],
+    default_recipe: str = "default",
+    simulator_free_recipes: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """The records of one dataset's run, read from its ``metrics.json``: its ``comparison``
     (the best augmented arm against the best plain learner at equal total gradient steps), and
-    the default recipe judged the same way (:func:`~offaug.pipeline.outcome.verdict.judge_best`
-    over that recipe's runs and the plain ones)."""
+    the default recipe and the simulator-free ones judged the same way
+    (:func:`~offaug.pipeline.outcome.verdict.judge_best` over those recipes' runs and the plain
+    ones)."""
     from offaug.pipeline.contracts import is_plain
     from offaug.pipeline.outcome.summary import run_scores
     from offaug.pipeline.outcome.verdict import judge_best
@@ -201,10 +263,14 @@ def dataset_records(
         arms.setdefault(arm, _per_seed(metrics, entry["learner"], entry["recipe"]))
     records = [_record(f"augmentation_{name}", metrics["comparison"], metrics, size, arms)]
     runs, _ = run_scores(metrics["training"])
-    default_runs = [r for r in runs if r.recipe == default_recipe or is_plain(r.recipe)]
-    if any(r.recipe == default_recipe for r in default_runs):
-        default = dict(judge_best(default_runs))
-        records.append(_record(f"augmentation_default_{name}", default, metrics, size, arms))
+    for prefix, recipes in (
+        ("augmentation_default", (default_recipe,)),
+        ("augmentation_simfree", simulator_free_recipes),
+    ):
+        subset = [r for r in runs if r.recipe in recipes or is_plain(r.recipe)]
+        if any(r.recipe in recipes for r in subset):
+            judged = dict(judge_best(subset))
+            records.append(_record(f"{prefix}_{name}", judged, metrics, size, arms))
     return records
 
 
@@ -277,14 +343,29 @@ def _summary(
 
 def summary_records(records: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
     """Datasets won (full and thin) and datasets where the default recipe loses."""
-    best = [r for r in records if not r["benchmark"].startswith("augmentation_default_")]
-    defaults = [r for r in records if r["benchmark"].startswith("augmentation_default_")]
-    full = [r for r in best if not r["size"]["dataset"].endswith("-thin")]
-    thin = [r for r in best if r["size"]["dataset"].endswith("-thin")]
+
+    def kind(record: dict[str, Any]) -> str:
+        for prefix in ("augmentation_default_", "augmentation_simfree_"):
+            if record["benchmark"].startswith(prefix):
+                return prefix
+        return "best"
+
+    def thin(record: dict[str, Any]) -> bool:
+        return bool(record["size"]["dataset"].endswith("-thin"))
+
+    best = [r for r in records if kind(r) == "best"]
+    defaults = [r for r in records if kind(r) == "augmentation_default_"]
+    simfree = [r for r in records if kind(r) == "augmentation_simfree_" and thin(r)]
     out = []
-    for benchmark, group in (
-        ("augmentation_datasets_won", full),
-        ("augmentation_thin_datasets_won", thin),
+    for benchmark, group, goal, what in (
+        ("augmentation_datasets_won", [r for r in best if not thin(r)], DATASETS_GOAL, "best"),
+        ("augmentation_thin_datasets_won", [r for r in best if thin(r)], DATASETS_GOAL, "best"),
+        (
+            "augmentation_simfree_thin_datasets_won",
+            simfree,
+            SIMULATOR_FREE_GOAL,
+            "best simulator-free",
+        ),
     ):
         if group:
             out.append(
@@ -292,9 +373,9 @@ def summary_records(records: list[dict[str, Any]], seeds: list[int]) -> list[dic
                     benchmark,
                     [r["size"]["dataset"] for r in group if r["goal_met"]],
                     [r["size"]["dataset"] for r in group],
-                    DATASETS_GOAL,
+                    goal,
                     seeds,
-                    "datasets where the best augmented arm beats the best plain learner at"
+                    f"datasets where the {what} augmented arm beats the best plain learner at"
                     " equal total gradient steps (interval > 0, P >= 0.75)",
                 )
             )
@@ -323,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         " thin versions; --quick: pendulum-medium)",
     )
     parser.add_argument("--seeds", default="", help="comma-separated training seeds")
+    parser.add_argument(
+        "--recipes", default="", help="comma-separated recipes of the template (default: all)"
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
         "--out",
@@ -358,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in datasets:
         started = time.perf_counter()
         source, fingerprint = _dataset_path(name.removesuffix("-thin"), name.endswith("-thin"))
-        document = workflow_document(name, source, seeds, sizes, args.workers)
+        document = workflow_document(
+            name, source, seeds, sizes, args.workers, pick(args.recipes, []) or None
+        )
         metrics = run_workflow_file(document, root / name)
         size = {
             "dataset": name,
@@ -369,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             "recipes": sorted(document.get("recipes", {})),
             "workflow": str(root / f"{name}.yaml"),
         }
-        for record in dataset_records(name, metrics, size):
+        simfree = tuple(simulator_free(document))
+        for record in dataset_records(name, metrics, size, simulator_free_recipes=simfree):
             record["absolute"]["seconds"] = time.perf_counter() - started
             reporter.emit(record)
             records.append(record)

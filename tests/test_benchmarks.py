@@ -194,6 +194,27 @@ def test_every_augmentation_benchmark_workflow_validates(tmp_path: Path) -> None
                 sizes.train_steps or bench.DATASETS[name.removesuffix("-thin")].train_steps
             )
             assert workflow.train.baseline and len(workflow.train.algorithms) >= 4
+    document = bench.workflow_document(
+        "pendulum-medium-thin", tmp_path / "data", [0], bench.QUICK, 2, ["default", "diffusion"]
+    )
+    assert list(document["recipes"]) == ["default", "diffusion"]
+    assert document["rollout"]["diffusion"] == {"steps": 300, "samples": 4096}
+    with pytest.raises(ValueError, match="no recipe nope"):
+        bench.workflow_document("pendulum-medium", tmp_path, [0], bench.QUICK, 2, ["nope"])
+
+
+def test_the_simulator_free_recipes_are_those_without_env_steps() -> None:
+    """Model rollouts, generated samples and state noise alone; not the simulator's recipes."""
+    bench = _bench_augmentation()
+    document = yaml.safe_load(bench.TEMPLATE.read_text())
+    assert bench.simulator_free(document) == [
+        "diffusion",
+        "model-mopo",
+        "model-mobile",
+        "state-noise",
+    ]
+    document["rollout"]["backend"] = "model"  # a recipe inherits the workflow's backend
+    assert "default" in bench.simulator_free(document)
 
 
 def test_augmentation_records_are_read_from_metrics_json() -> None:
@@ -210,6 +231,7 @@ def test_augmentation_records_are_read_from_metrics_json() -> None:
         ("iql", baseline_recipe(6000), 6000): [40.0, 41.0, 39.0, 42.0, 38.0],
         ("td3bc", "td3bc-self-continued", 6000): [60.0, 62.0, 61.0, 63.0, 59.0],
         ("td3bc", "default", 6000): [45.0, 47.0, 44.0, 46.0, 43.0],
+        ("iql", "diffusion", 3000): [31.0, 30.0, 32.0, 29.0, 31.0],
     }
     training = {
         f"{learner}-{recipe}@s{seed}": {
@@ -229,20 +251,30 @@ def test_augmentation_records_are_read_from_metrics_json() -> None:
         "training": training,
         "comparison": judge_best(run_scores(training)[0]),
     }
-    best, default = bench.dataset_records(
-        "pendulum-medium", metrics, {"dataset": "pendulum-medium"}
+    best, default, simfree = bench.dataset_records(
+        "pendulum-medium-thin",
+        metrics,
+        {"dataset": "pendulum-medium-thin"},
+        simulator_free_recipes=("diffusion",),
     )
-    assert best["benchmark"] == "augmentation_pendulum-medium"
+    assert best["benchmark"] == "augmentation_pendulum-medium-thin"
     assert best["absolute"]["augmented"]["recipe"] == "td3bc-self-continued"
     assert best["absolute"]["plain"]["recipe"] == baseline_recipe(6000)
     assert best["offaug"] == pytest.approx(61.0) and best["baseline"] == pytest.approx(50.0)
     assert best["goal_met"] and best["outcome"] == "helps" and not best["loses"]
     assert best["absolute"]["arms"][f"td3bc-{PLAIN}"] == [30.0, 31.0, 29.0, 33.0, 32.0]
-    assert default["benchmark"] == "augmentation_default_pendulum-medium"
+    assert default["benchmark"] == "augmentation_default_pendulum-medium-thin"
     assert default["absolute"]["augmented"]["recipe"] == "default"
     assert default["loses"] and not default["goal_met"]
-    summary = bench.summary_records([best, default], [0, 1, 2, 3, 4])
-    assert [(r["benchmark"], r["offaug"]) for r in summary] == [
-        ("augmentation_datasets_won", 1),
-        ("augmentation_default_never_loses", 1),
+    # The generated samples' arm (IQL, 3,000 steps: no rollout policy) against the plain arms
+    # of 3,000 steps: its IQM about 30.7 against TD3+BC plain at 31.0, level.
+    assert simfree["benchmark"] == "augmentation_simfree_pendulum-medium-thin"
+    assert simfree["absolute"]["augmented"]["recipe"] == "diffusion"
+    assert simfree["absolute"]["plain"]["steps"] == 3000
+    assert simfree["outcome"] == "inconclusive" and not simfree["goal_met"]
+    summary = bench.summary_records([best, default, simfree], [0, 1, 2, 3, 4])
+    assert [(r["benchmark"], r["offaug"], r["goal"]) for r in summary] == [
+        ("augmentation_thin_datasets_won", 1, bench.DATASETS_GOAL),
+        ("augmentation_simfree_thin_datasets_won", 0, bench.SIMULATOR_FREE_GOAL),
+        ("augmentation_default_never_loses", 1, 0),
     ]

@@ -238,6 +238,26 @@ class DynamicsEnsemble:
         return mobile_penalty(rewards, next_values, value.gamma)
 
     @torch.no_grad()
+    def expected_step(
+        self, observations: npt.ArrayLike, actions: npt.ArrayLike, chunk: int = 4096
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """The ensemble's one-step prediction at each (s, a): the members' mean of their
+        predicted means, as next observations ``(N, obs)`` and rewards ``(N,)`` in the data's
+        units (no noise drawn: what the model believes, for judging it against the env)."""
+        obs = np.asarray(observations, dtype=np.float32)
+        act = np.asarray(actions, dtype=np.float32).reshape(len(obs), -1)
+        next_parts, reward_parts = [], []
+        for start in range(0, len(obs), chunk):
+            batch = torch.tensor(obs[start : start + chunk])
+            mean, _, _ = self._predict(batch, torch.tensor(act[start : start + chunk]))
+            prediction = mean.mean(0) * self.stats["target_std"] + self.stats["target_mean"]
+            next_parts.append((batch + prediction[:, : self.observation_dim]).numpy())
+            reward_parts.append(prediction[:, -1].numpy())
+        if not next_parts:
+            return np.zeros((0, self.observation_dim), np.float32), np.zeros(0, np.float32)
+        return np.concatenate(next_parts), np.concatenate(reward_parts)
+
+    @torch.no_grad()
     def disagreement(
         self, observations: npt.ArrayLike, actions: npt.ArrayLike, chunk: int = 4096
     ) -> npt.NDArray[np.float64]:

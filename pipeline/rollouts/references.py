@@ -77,7 +77,8 @@ def noiseless_returns(
     Each start is ``env.reset(seed=reset_seeds[i])``, then the dataset state of
     ``start_rows[i]`` when it is not negative, as the rollout began it; each reference ends at
     a termination, a truncation or ``limit`` steps; episodes of the same start share one
-    reference, rolled out once. The envs are stepped together, one batched policy call per step. Rewards are summed as the rollout sums them (float32 each).
+    reference, rolled out once. The envs are stepped together, one batched policy call per
+    step. Rewards are summed as the rollout sums them (float32 each).
     """
     # Episodes of one start (``rollout.tries``) share one reference: each is rolled out once.
     starts, of_episode = np.unique(

@@ -41,17 +41,16 @@ def trained(make_test_dataset) -> tuple[Any, Any]:
 
 
 def test_model_beats_predicting_no_change(trained) -> None:
+    """expected_step (the members' mean prediction) beats "nothing moves" and "the mean
+    reward" on the data it learned."""
     data, model = trained
-    obs = torch.as_tensor(np.array(data.observations[:300]))
-    actions = torch.as_tensor(np.array(data.actions[:300]))
-    mean, _, _ = model._predict(obs, actions)
-    predicted_delta = (mean.mean(0) * model.stats["target_std"] + model.stats["target_mean"])[
-        :, :-1
-    ]
-    true_delta = torch.as_tensor(np.array(data.next_observations[:300] - data.observations[:300]))
-    model_error = (predicted_delta - true_delta).pow(2).mean()
-    no_change_error = true_delta.pow(2).mean()
-    assert model_error < 0.5 * no_change_error
+    obs, actions = np.array(data.observations[:300]), np.array(data.actions[:300])
+    next_obs, rewards = model.expected_step(obs, actions)
+    assert next_obs.shape == obs.shape and rewards.shape == (300,)
+    true_next, true_rewards = np.array(data.next_observations[:300]), np.array(data.rewards[:300])
+    assert np.mean((next_obs - true_next) ** 2) < 0.5 * np.mean((obs - true_next) ** 2)
+    reward_spread = np.mean((true_rewards - data.rewards.mean()) ** 2)
+    assert np.mean((rewards - true_rewards) ** 2) < 0.5 * reward_spread
 
 
 def test_rollouts_have_horizon_bounds_and_penalties(trained) -> None:
