@@ -71,8 +71,9 @@ def noiseless_returns(
     start_rows: IntArray,
     start_states: StartStates | None,
     limit: int,
-) -> FloatArray:
-    """(episodes,) the return of the noise centre (:func:`noise_centre`) from each start.
+) -> tuple[FloatArray, int]:
+    """(episodes,) the return of the noise centre (:func:`noise_centre`) from each start, and
+    the environment steps the references took (simulator steps spent on them).
 
     Each start is ``env.reset(seed=reset_seeds[i])``, then the dataset state of
     ``start_rows[i]`` when it is not negative, as the rollout began it; each reference ends at
@@ -88,13 +89,15 @@ def noiseless_returns(
     )
     seeds, rows = starts[:, 0], starts[:, 1]
     returns = np.full(len(starts), np.nan)
+    env_steps = 0
     for first in range(0, len(starts), len(envs)):
         batch = np.arange(first, min(first + len(envs), len(starts)))
-        returns[batch] = _noiseless_batch(
+        returns[batch], taken = _noiseless_batch(
             policy, envs, seeds[batch], rows[batch], start_states, limit
         )
+        env_steps += taken
     episode_returns: FloatArray = returns[np.asarray(of_episode).reshape(-1)]
-    return episode_returns
+    return episode_returns, env_steps
 
 
 def _noiseless_batch(
@@ -104,7 +107,7 @@ def _noiseless_batch(
     start_rows: IntArray,
     start_states: StartStates | None,
     limit: int,
-) -> FloatArray:
+) -> tuple[FloatArray, int]:
     n = len(reset_seeds)
     totals = np.zeros(n)
     active = np.ones(n, dtype=bool)
@@ -120,12 +123,13 @@ def _noiseless_batch(
             obs = np.zeros(envs[i].observation_space.shape)
         observations.append(np.asarray(obs, dtype=np.float32).reshape(-1))
     current = np.stack(observations)
-    steps = 0
+    steps = env_steps = 0
     while active.any() and steps < limit:
         index = np.flatnonzero(active)
         mean, _ = policy(current[index])
         actions = policy.to_env(noise_centre(policy, current[index], mean))
         steps += 1
+        env_steps += len(index)
         for j, i in enumerate(index.tolist()):
             try:
                 next_obs, reward, terminated, truncated, _ = envs[i].step(actions[j])
@@ -139,7 +143,7 @@ def _noiseless_batch(
             totals[i] += float(np.float32(reward))
             current[i] = next_obs
             active[i] = not (terminated or truncated)
-    return totals
+    return totals, env_steps
 
 
 def discounted_episode_returns(

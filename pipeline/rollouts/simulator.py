@@ -468,9 +468,11 @@ class _Rollout:
             references = self.episode_filter.references(start_rows)
         else:
             scores = returns
-            references = noiseless_returns(
+            references, reference_steps = noiseless_returns(
                 self.policy, self.envs, reset_seeds, start_rows, self.start_states, self.limit
             )
+            # Spent like any other (after the budget, which bounds the noisy episodes).
+            self.simulator_steps += reference_steps
         config = self.config
         keep = beats(scores, references, lengths, config.filter_margin, config.filter_tolerance)
         record = FilterRecord(

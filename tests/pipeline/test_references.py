@@ -166,6 +166,8 @@ def test_tries_keep_the_best_of_each_start_where_it_beats_the_noiseless_policy(
     returns = outcome.shard_set.load().episode_returns() if kept_scores else []
     np.testing.assert_allclose(returns, kept_scores, rtol=1e-6)
     assert outcome.shard_set.params["tries"] == 4
+    # Per task: 6 noisy episodes and 2 references (one per start), all of horizon 25.
+    assert [task.simulator_steps for task in outcome.tasks] == [(6 + 2) * 25] * 2
     with pytest.raises(ValidationError, match="tries is the simulator backend's"):
         RolloutModel(backend="model", tries=2)
 
