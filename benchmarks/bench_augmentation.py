@@ -117,6 +117,8 @@ class Sizes:
     """Training steps of the dynamics ensemble and of the denoiser; None: the schema's."""
     generated_samples: int | None = None
     """The denoiser's samples; None: the schema's."""
+    recipe_starts: int | None = None
+    """At most this many starts (episodes / tries) in a recipe that sets its own episodes."""
 
 
 FULL = Sizes(train_steps=None, bc_steps=5000, eval_episodes=10, rollout_episodes=50)
@@ -127,6 +129,7 @@ QUICK = Sizes(
     rollout_episodes=8,
     model_steps=300,
     generated_samples=4096,
+    recipe_starts=4,
 )
 
 
@@ -204,6 +207,11 @@ def workflow_document(
         document["rollout"]["diffusion"] = {"steps": sizes.model_steps}
     if sizes.generated_samples is not None:
         document["rollout"].setdefault("diffusion", {})["samples"] = sizes.generated_samples
+    for overrides in document["recipes"].values():
+        rollout = (overrides or {}).get("rollout", {})
+        if sizes.recipe_starts is not None and "episodes" in rollout:
+            tries = rollout.get("tries", 1)
+            rollout["episodes"] = min(rollout["episodes"], sizes.recipe_starts * tries)
     if recipes is not None:
         unknown = sorted(set(recipes) - set(document["recipes"]))
         if unknown:

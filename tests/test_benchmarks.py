@@ -195,9 +195,16 @@ def test_every_augmentation_benchmark_workflow_validates(tmp_path: Path) -> None
             )
             assert workflow.train.baseline and len(workflow.train.algorithms) >= 4
     document = bench.workflow_document(
-        "pendulum-medium-thin", tmp_path / "data", [0], bench.QUICK, 2, ["default", "diffusion"]
+        "pendulum-medium-thin",
+        tmp_path / "data",
+        [0],
+        bench.QUICK,
+        2,
+        ["default", "bc-best8-r3", "diffusion"],
     )
-    assert list(document["recipes"]) == ["default", "diffusion"]
+    assert list(document["recipes"]) == ["default", "bc-best8-r3", "diffusion"]
+    # --quick: a recipe's own episodes cut to 4 starts of its tries.
+    assert document["recipes"]["bc-best8-r3"]["rollout"]["episodes"] == 4 * 8
     assert document["rollout"]["diffusion"] == {"steps": 300, "samples": 4096}
     with pytest.raises(ValueError, match="no recipe nope"):
         bench.workflow_document("pendulum-medium", tmp_path, [0], bench.QUICK, 2, ["nope"])
