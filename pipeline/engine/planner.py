@@ -269,7 +269,7 @@ class Planner:
         seeds, one stage per seed for the others."""
         train = recipe.train
         for algorithm in train.algorithms:
-            continues = train.init == "policy" and algorithm == recipe.rollout.policy
+            continues = train.init == "policy" and algorithm == recipe.final_policy_learner
             if train.init == "policy" and not continues:
                 train = train.model_copy(update={"init": "scratch"})
             if self.fuses(train, algorithm, plain=False):
@@ -300,8 +300,9 @@ class Planner:
 
         A learner named as the rollout policy rolls out its own plain run of this seed in round
         1 (trained for ``rollout.policy_steps`` when given), ``bc`` the BC clone; each later
-        round retrains it (the clone as learner ``bc``) on the original data and the previous
-        round's rollouts (with the recipe's train settings) and rolls that out. Earlier rounds
+        round retrains it (the clone as learner ``bc``), or ``rollout.rounds_learner`` where
+        set, on the original data and the previous round's rollouts (with the recipe's train
+        settings) and rolls that out. Earlier rounds
         carry ``.roundK`` in their tag; the last round has the recipe's own names. The
         diffusion backend rolls nothing out (``bc`` None):
         :meth:`generation`.
@@ -320,15 +321,24 @@ class Planner:
         rounds = rollout.rounds
         # Every round rolls out with rounds = 1: round 1 is then the same stage as a recipe
         # without rounds, and shared with it.
-        single = rollout.model_copy(update={"rounds": 1}) if rounds > 1 else rollout
+        single = (
+            rollout.model_copy(update={"rounds": 1, "rounds_learner": None})
+            if rounds > 1
+            else rollout
+        )
         merged = ""
+        learner = recipe.final_policy_learner
         for round_ in range(1, rounds + 1):
             if round_ > 1:
-                # train.init 'policy': each round continues from the policy it improves on.
-                start = (policy or bc) if recipe.train.init == "policy" else None
+                # train.init 'policy': each round continues from the policy it improves on,
+                # where that is the same learner (rounds_learner starts from scratch after
+                # round 1's other learner).
+                previous = policy_name if round_ == 2 else learner
+                continues = recipe.train.init == "policy" and previous == learner
+                start = (policy or bc) if continues else None
                 policy = self.train(
                     recipe.train,
-                    policy_name,
+                    learner,
                     f"{recipe.name}.round{round_ - 1}",
                     seed,
                     merged,

@@ -61,6 +61,15 @@ class Recipe:
         """Whether its augmented data comes from a policy's rollouts (it needs the BC clone)."""
         return self.rollout.backend in ("simulator", "model")
 
+    @property
+    def final_policy_learner(self) -> str:
+        """The learner whose policy the last rollout round rolls out: ``rounds_learner`` after
+        the first round, else ``rollout.policy`` (``bc``: the clone, retrained as learner bc)."""
+        rollout = self.rollout
+        if rollout.rounds > 1 and rollout.rounds_learner is not None:
+            return rollout.rounds_learner
+        return rollout.policy
+
 
 def merged(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with ``overrides`` merged in: nested mappings key by key, other values replaced."""
@@ -225,16 +234,17 @@ def _recipe(
     if len(parts) < len(base):
         return None
     recipe = Recipe(name, parts["bc"], parts["rollout"], parts["train"])
-    train, rollout = recipe.train, recipe.rollout
+    train = recipe.train
     if train.init == "policy" and (
-        not recipe.rolls_out_a_policy or rollout.policy not in train.algorithms
+        not recipe.rolls_out_a_policy or recipe.final_policy_learner not in train.algorithms
     ):
         found.append(
             (
                 (*where, "train", "init") if where[0] == "recipes" else where,
                 f"init 'policy' continues the learner that rolls out: it needs backend"
-                f" simulator or model and rollout.policy ({rollout.policy}) among"
-                f" train.algorithms {list(train.algorithms)}",
+                f" simulator or model and the last round's learner"
+                f" ({recipe.final_policy_learner}) among train.algorithms"
+                f" {list(train.algorithms)}",
             )
         )
         return None

@@ -169,6 +169,15 @@ class RolloutModel(StrictSection):
             " data."
         ),
     )
+    rounds_learner: OfflineLearner | None = Field(
+        None,
+        description=(
+            "The learner each later round retrains (null: the rollout policy's own learner)."
+            " With policy iql and rounds_learner bc, IQL's plain run rolls out in round 1 and BC,"
+            " trained on the data and IQL's kept episodes, rolls out and improves on itself in"
+            " the rounds after (needs rounds > 1)."
+        ),
+    )
     policy_steps: int | None = Field(
         None,
         gt=0,
@@ -302,6 +311,10 @@ class RolloutModel(StrictSection):
             raise ValueError(
                 "noise_calibration needs filter 'data', 'policy' or 'value' and backend"
                 " 'simulator': it keeps the largest noise whose episodes the filter keeps"
+            )
+        if self.rounds_learner is not None and self.rounds == 1:
+            raise ValueError(
+                "rounds_learner is the learner later rounds retrain: it needs rounds > 1"
             )
         if self.tries > 1 and self.backend != "simulator":
             raise ValueError("tries is the simulator backend's: K episodes from each start")

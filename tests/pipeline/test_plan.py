@@ -351,6 +351,46 @@ def test_init_policy_continues_the_learner_that_rolled_out_from_that_policy(
         )
 
 
+def test_rounds_learner_bc_learns_from_a_learners_rollouts_then_improves_on_itself(
+    tmp_path: Path,
+) -> None:
+    """policy iql, rounds_learner bc, rounds 3, init policy: IQL's plain run rolls out in round
+    1; round 2's BC starts from scratch on its episodes (no IQL weights fit BC), round 3's BC
+    continues from round 2's, and the BC arm from round 3's; every model of the chain counts."""
+    recipe = {
+        "rollout": {"policy": "iql", "filter": "policy", "rounds": 3, "rounds_learner": "bc"},
+        "train": {"init": "policy", "weighting": "none"},
+    }
+    workflow = _workflow(
+        train={"algorithms": ["bc", "iql"], "fuse_seeds": False},
+        recipes={"chain": recipe},
+        diagnostics={"enabled": False},
+    )
+    plan = _plan(workflow, tmp_path)
+    stages = plan.stages
+    assert stages["rollout[chain.round1]:0"].inputs == ("source", "bc", "train:iql-plain")
+    assert stages["train:bc-chain.round1"].inputs == ("source", "rollout[chain.round1]")
+    assert stages["train:bc-chain.round2"].inputs == (
+        "source",
+        "rollout[chain.round2]",
+        "train:bc-chain.round1",
+    )
+    assert stages["rollout[chain]:0"].inputs == ("source", "bc", "train:bc-chain.round2")
+    assert stages["train:bc-chain"].inputs == ("source", "rollout[chain]", "train:bc-chain.round2")
+    assert stages["train:iql-chain"].inputs == ("source", "rollout[chain]")  # from scratch
+    runs = {(r["learner"], r["recipe"]): r for r in plan.index["runs"]}
+    # IQL's plain 10,000, BC's two rounds of 10,000 and the arm's own 10,000 (the clone, whose
+    # density unweighted training never reads, not counted).
+    assert runs["bc", "chain"]["steps"] == 40_000
+    with pytest.raises(ValueError, match=r"rounds_learner .* needs rounds > 1"):
+        _workflow(recipes={"r": {"rollout": {"policy": "iql", "rounds_learner": "bc"}}})
+    with pytest.raises(ValueError, match=r"the last round's learner \(bc\)"):
+        _workflow(
+            train={"algorithms": ["iql"]},
+            recipes={"r": recipe},
+        )
+
+
 def test_noise_calibration_is_one_stage_before_every_rollout_task(tmp_path: Path) -> None:
     workflow = _workflow(
         rollout={
