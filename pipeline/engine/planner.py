@@ -364,11 +364,14 @@ class Planner:
         extra = () if policy is None else (Ref(policy),)
         dynamics = None
         if rollout.backend == "model":
+            # Keyed by what training reads: recipes that differ only in the penalty, horizon or
+            # starts share one ensemble (named after the first).
+            trained = rollout.dynamics.model_dump(include={"members", "hidden", "steps"})
             dynamics = self.plan.add(
                 StageSpec(
                     f"dynamics{tag}{sfx}",
                     rollout_stages.train_dynamics_stage,
-                    {"dynamics": rollout.dynamics, "seed": seed},
+                    {"dynamics": trained, "seed": seed},
                     (
                         Ref("source"),
                         rollout,

@@ -301,11 +301,13 @@ def diffusion_sample_task(
 
 
 def _for_task(model: Any, config: RolloutModel, seed: int) -> Any:
-    # The penalty is the workflow's, whichever settings the ensemble was trained with.
+    # The penalty and horizon are the workflow's, whichever settings the ensemble was trained
+    # with (recipes that differ only in them share one ensemble).
     dyn = config.dynamics
     model.config = dataclasses.replace(
         model.config,
         seed=seed,
+        horizon=dyn.horizon,
         penalty=dyn.penalty,
         penalty_coefficient=dyn.penalty_coefficient,
         mobile_samples=dyn.mobile_samples,

@@ -391,6 +391,31 @@ def test_rounds_learner_bc_learns_from_a_learners_rollouts_then_improves_on_itse
         )
 
 
+def test_model_recipes_that_differ_only_in_the_penalty_share_one_ensemble(
+    tmp_path: Path,
+) -> None:
+    """The dynamics stage is keyed by what training reads (members, hidden, steps, seed): MOPO
+    and MOBILE recipes train one ensemble per seed; other sizes train their own."""
+    model = {"backend": "model", "policy": "iql"}
+    workflow = _workflow(
+        train={"algorithms": ["iql"], "fuse_seeds": False},
+        recipes={
+            "mopo": {"rollout": model},
+            "mobile": {"rollout": {**model, "dynamics": {"penalty": "mobile", "horizon": 3}}},
+            "small": {"rollout": {**model, "dynamics": {"steps": 100}}},
+        },
+        diagnostics={"enabled": False},
+    )
+    stages = _plan(workflow, tmp_path).stages
+    assert stages["rollout[mopo]:0"].inputs == stages["rollout[mobile]:0"].inputs
+    assert "dynamics[mopo]" in stages["rollout[mobile]:0"].inputs
+    assert "dynamics[small]" in stages["rollout[small]:0"].inputs
+    assert [name for name in stages if name.startswith("dynamics")] == [
+        "dynamics[mopo]",
+        "dynamics[small]",
+    ]
+
+
 def test_noise_calibration_is_one_stage_before_every_rollout_task(tmp_path: Path) -> None:
     workflow = _workflow(
         rollout={
