@@ -59,6 +59,9 @@ class RolloutConfig:
     tries: int = 1
     """Episodes per start (the same reset seed, or the same dataset row), each with its own
     noise; of those the filter keeps, only the one of highest return stays (best of K)."""
+    keep_reference: bool = False
+    """``filter: policy`` with ``tries``: the first try of each start is the noiseless policy
+    itself, its return the reference the others must beat, and it is kept where none does."""
     max_faults: int = 1000
     """Stop with an error after this many environment faults."""
 

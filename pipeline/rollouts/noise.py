@@ -285,6 +285,11 @@ class ContinuousNoise:
                 self.ou_state[rows] = actions - mean
         return actions, log_prob
 
+    def log_prob_of_centre(self, centre: FloatArray) -> FloatArray:
+        """``log mu`` of actions ``(n, d)`` taken at the noise's own centre with no OU
+        deviation: what a noiseless episode (``rollout.keep_reference``) records."""
+        return self.log_prob(centre, centre, [centre for _ in self.spec.components])
+
     def log_prob(
         self, actions: FloatArray, mean: FloatArray, centers: list[FloatArray] | None = None
     ) -> FloatArray:

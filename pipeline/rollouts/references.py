@@ -100,6 +100,22 @@ def noiseless_returns(
     return episode_returns, env_steps
 
 
+def reference_returns(
+    returns: FloatArray,
+    noiseless: npt.NDArray[np.bool_],
+    reset_seeds: IntArray,
+    start_rows: IntArray,
+) -> FloatArray:
+    """(episodes,) the return of the noiseless episode of each episode's start (reset seed and
+    start row); NaN where that start has none (its reference failed or was not finished)."""
+    of_start = {
+        (int(reset_seeds[i]), int(start_rows[i])): float(returns[i])
+        for i in np.flatnonzero(noiseless)
+    }
+    keys = zip(np.asarray(reset_seeds).tolist(), np.asarray(start_rows).tolist(), strict=True)
+    return np.array([of_start.get((int(s), int(r)), np.nan) for s, r in keys], dtype=np.float64)
+
+
 def _noiseless_batch(
     policy: RolloutPolicy,
     envs: Sequence[Any],

@@ -32,7 +32,9 @@ dataset states and resets alike.
 **Filter.** Before the weights are computed, ``filter: data`` drops an episode that earns less
 than the data from the same start (:class:`~offaug.pipeline.rollouts.data.EpisodeFilter`);
 ``filter: policy`` one that does not beat the noiseless policy's return from the same reset seed
-and dataset state (rolled out in the same environments once the noisy episodes are done), and
+and dataset state (rolled out in the same environments once the noisy episodes are done, or,
+with ``keep_reference``, the first try of each start rolled out without noise and kept where no
+noisy try beats it), and
 ``filter: value`` a branch whose value-bootstrapped discounted return does not beat the data's
 from its start row (:mod:`offaug.pipeline.rollouts.references`).
 
@@ -58,7 +60,9 @@ from threadpoolctl import threadpool_limits
 from offaug.datasets.transitions import Source, Transitions
 from offaug.pipeline.contracts import FilterRecord
 from offaug.pipeline.rollouts.behaviour import (
+    PolicyStep,
     RolloutPolicy,
+    behaviour_log_prob,
     noise_centre,
     policy_step,
     weight_columns,
@@ -74,7 +78,12 @@ from offaug.pipeline.rollouts.data import (
 from offaug.pipeline.rollouts.env_state import StartStates, StateError, set_state
 from offaug.pipeline.rollouts.episodes import EpisodeStaging
 from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise
-from offaug.pipeline.rollouts.references import ValueFilter, beats, noiseless_returns
+from offaug.pipeline.rollouts.references import (
+    ValueFilter,
+    beats,
+    noiseless_returns,
+    reference_returns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +173,11 @@ class _Rollout:
         self.start_states, self.start_probabilities = starts
         self.episode_filter: EpisodeFilter | ValueFilter | None = None
         self.rng = np.random.default_rng(config.seed)
+        if config.keep_reference and policy.discrete:
+            raise RolloutError(
+                "rollout.keep_reference rolls the noiseless policy out as the first try of each"
+                " start: it supports continuous actions only; set keep_reference: false"
+            )
         n_envs = min(config.n_envs, config.episodes)
         if config.simulator_steps is not None:
             n_envs = min(config.n_envs, config.simulator_steps)
@@ -203,6 +217,10 @@ class _Rollout:
         self.start_rows = np.full(n_envs, RESET_START, dtype=np.int64)
         self.reset_seeds = np.zeros(n_envs, dtype=np.int64)
         self.started = 0
+        self.noiseless = np.zeros(n_envs, dtype=bool)
+        """Which environments run a noiseless reference episode (``keep_reference``)."""
+        self.episode_noiseless: list[bool] = []
+        """Per finished episode (as ``self.episodes`` lists them): was it a reference?"""
         self.start_rows_drawn: dict[int, int] = {}
         """Start index -> its dataset row (``tries``: every try branches from the same row)."""
         self.step_count = 0
@@ -241,6 +259,8 @@ class _Rollout:
         else:
             raise RolloutError(f"environment {i} failed to reset three times: {self.faults[-1]}")
         self.noise.reset([i])
+        # keep_reference: the first try of each start is the noiseless policy.
+        self.noiseless[i] = config.keep_reference and self.started % config.tries == 0
         self.started += 1
 
     def _draw_start_row(self, n: int) -> int:
@@ -248,10 +268,16 @@ class _Rollout:
             return int(self.rng.integers(0, n))
         return int(self.rng.choice(n, p=self.start_probabilities))
 
-    def finish_episode(self, i: int) -> None:
-        """Keep environment ``i``'s episode; start its next one, or retire it."""
+    def _finish(self, i: int) -> None:
+        """Move environment ``i``'s episode to the finished ones (if it has steps)."""
+        if self.episodes.lengths[i] > 0:
+            self.episode_noiseless.append(bool(self.noiseless[i]))
         self.episodes.finish(i, int(self.start_rows[i]), int(self.reset_seeds[i]))
         self.start_rows[i] = RESET_START
+
+    def finish_episode(self, i: int) -> None:
+        """Keep environment ``i``'s episode; start its next one, or retire it."""
+        self._finish(i)
         budget = self.config.simulator_steps
         if budget is None:
             more = self.started < self.config.episodes
@@ -266,8 +292,7 @@ class _Rollout:
         """End environment ``i``'s episode where it stands, as truncated (the step budget is
         spent), and start no other."""
         self.episodes.mark_last_timeout(i)
-        self.episodes.finish(i, int(self.start_rows[i]), int(self.reset_seeds[i]))
-        self.start_rows[i] = RESET_START
+        self._finish(i)
         self.active[i] = False
 
     def within_budget(self, index: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -292,6 +317,9 @@ class _Rollout:
         centre = noise_centre(self.policy, observations, mean)
         self._check_policy_output(np.asarray(centre, dtype=np.float64), None)
         chosen = policy_step(self.policy, self.noise, mean, log_std, index, centre)
+        quiet = self.noiseless[index]
+        if quiet.any():
+            chosen = self._noiseless_rows(chosen, index, quiet, mean, log_std, centre)
         self.step_count += 1
         self.simulator_steps += len(index)
         outcome = self._step_envs(index, chosen.env_actions)
@@ -324,6 +352,30 @@ class _Rollout:
         if budget is not None and self.simulator_steps >= budget:
             for env in np.flatnonzero(self.active).tolist():
                 self.retire(env)
+
+    def _noiseless_rows(
+        self,
+        chosen: PolicyStep,
+        index: npt.NDArray[np.int64],
+        quiet: npt.NDArray[np.bool_],
+        mean: FloatArray,
+        log_std: FloatArray | None,
+        centre: npt.NDArray[Any],
+    ) -> PolicyStep:
+        """``chosen`` with the reference episodes' rows at the noise centre itself; their
+        ``log mu`` is the noise's density there, so their weights stay defined."""
+        assert isinstance(self.noise, ContinuousNoise) and log_std is not None
+        self.noise.reset(index[quiet])  # no OU deviation carried into a noiseless episode
+        at_centre = np.clip(np.asarray(centre, dtype=np.float64)[quiet], -1.0, 1.0)
+        actions = np.array(chosen.actions, copy=True)
+        actions[quiet] = at_centre
+        rollout_log_prob = np.array(chosen.rollout_log_prob, copy=True)
+        behaviour = np.array(chosen.behaviour_log_prob, copy=True)
+        rollout_log_prob[quiet] = self.noise.log_prob_of_centre(at_centre) + self.policy.log_abs_det
+        behaviour[quiet] = (
+            behaviour_log_prob(mean[quiet], log_std[quiet], at_centre) + self.policy.log_abs_det
+        )
+        return PolicyStep(actions, self.policy.to_env(actions), rollout_log_prob, behaviour)
 
     def _check_policy_output(
         self, mean: npt.NDArray[Any], log_std: npt.NDArray[Any] | None
@@ -459,6 +511,7 @@ class _Rollout:
         reset_seeds = np.asarray(self.episodes.reset_seeds, dtype=np.int64)
         ends = np.cumsum(lengths) - 1
         terminated = np.asarray(data["terminals"], dtype=bool)[ends]
+        noiseless: npt.NDArray[np.bool_] | None = None
         if isinstance(self.episode_filter, EpisodeFilter):
             return self.episode_filter.keep(returns, lengths, start_rows, terminated), None
         if isinstance(self.episode_filter, ValueFilter):
@@ -466,6 +519,11 @@ class _Rollout:
                 data["rewards"], lengths, data["next_observations"][ends], terminated
             )
             references = self.episode_filter.references(start_rows)
+        elif self.config.keep_reference:
+            # The references are the first tries themselves, already rolled out and counted.
+            scores = returns
+            noiseless = np.asarray(self.episode_noiseless, dtype=bool)
+            references = reference_returns(returns, noiseless, reset_seeds, start_rows)
         else:
             scores = returns
             references, reference_steps = noiseless_returns(
@@ -475,6 +533,9 @@ class _Rollout:
             self.simulator_steps += reference_steps
         config = self.config
         keep = beats(scores, references, lengths, config.filter_margin, config.filter_tolerance)
+        if noiseless is not None:
+            # A reference stays where no noisy try beats it (best_of_starts picks the best).
+            keep |= noiseless & np.isfinite(references)
         record = FilterRecord(
             scores=tuple(scores.tolist()),
             references=tuple(references.tolist()),

@@ -458,6 +458,7 @@ def rollout_to_shard_set(
                 "filter_margin": config.filter_margin,
                 "filter_tolerance": config.filter_tolerance,
                 "tries": config.tries,
+                "keep_reference": config.keep_reference,
             },
         )
     return RolloutOutcome(ShardSet.open(final), tuple(results))

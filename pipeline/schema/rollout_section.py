@@ -271,6 +271,16 @@ class RolloutModel(StrictSection):
             " easy ones. Counted in episodes (episodes 100, tries 4: 25 starts)."
         ),
     )
+    keep_reference: bool = Field(
+        False,
+        description=(
+            "filter 'policy' with tries > 1: the first try of every start is the noiseless"
+            " policy itself (its return is the reference the noisy tries must beat, so no"
+            " separate reference is rolled out) and it is kept where no noisy try beats it:"
+            " every start keeps its best known episode, so a policy trained on the kept episodes"
+            " sees every start, not only those where noise helped. Continuous actions only."
+        ),
+    )
     noise_calibration: NoiseCalibrationModel | None = Field(
         None,
         description=(
@@ -339,6 +349,12 @@ class RolloutModel(StrictSection):
             raise ValueError(
                 "filter 'value' needs start 'dataset': a branch is compared with the data's"
                 " return-to-go from the row it starts at"
+            )
+        if self.keep_reference and (self.filter != "policy" or self.tries < 2):
+            raise ValueError(
+                "keep_reference needs filter 'policy' and tries > 1: the first try of each start"
+                f" is the noiseless reference the other tries must beat (filter {self.filter!r},"
+                f" tries {self.tries})"
             )
         if self.filter == "value":
             # Lazy: the registry imports torch; a workflow without this filter never pays.

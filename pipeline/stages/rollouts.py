@@ -54,6 +54,7 @@ def _rollout_config(
         filter_margin=config.filter_margin,
         filter_tolerance=config.filter_tolerance,
         tries=config.tries,
+        keep_reference=config.keep_reference,
     )
 
 
@@ -353,6 +354,7 @@ def merge_rollouts(
             "filter": config.filter,
             "filter_margin": config.filter_margin,
             "filter_tolerance": config.filter_tolerance,
+            "keep_reference": config.keep_reference,
         }
     shard_set = merge_rollout_shards(out, results, params)
     returns = [r for result in results for r in result.episode_returns]

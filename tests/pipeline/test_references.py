@@ -172,6 +172,67 @@ def test_tries_keep_the_best_of_each_start_where_it_beats_the_noiseless_policy(
         RolloutModel(backend="model", tries=2)
 
 
+def test_keep_reference_makes_the_first_try_the_noiseless_policy_and_keeps_every_start(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """``keep_reference``: the first try of each start is the noiseless policy (its return is
+    the reference, rolled out once as an episode); every start keeps exactly one episode, the
+    reference itself unless a noisy try beats it."""
+    made = make_test_dataset("pendulum", "hdf5")
+    checkpoint = _train("bc", made.dataset_id, tmp_path / "bc", steps=60)
+    config = RolloutConfig(
+        episodes=16,
+        n_envs=3,
+        noise=parse_noise("gaussian:0.5"),
+        seed=5,
+        horizon=25,
+        filter="policy",
+        tries=4,
+        keep_reference=True,
+    )
+    outcome = rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=2)
+    meta = load_transitions(made.dataset_id).meta
+    bc = load_rollout_policy(str(checkpoint))
+
+    def mean_action(observations: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
+        return bc.to_env(bc(observations)[0])
+
+    kept_scores, kept_references, beaten = [], [], 0
+    for record in _records(outcome):
+        groups: dict[int, list[int]] = {}
+        for index, seed in enumerate(record.reset_seeds):
+            groups.setdefault(seed, []).append(index)
+        assert sorted(len(g) for g in groups.values()) == [4, 4]  # 8 episodes a task: 2 starts
+        for seed, members in groups.items():
+            independent = _noiseless_return(mean_action, meta, seed, -1, None, limit=25)
+            scores = [record.scores[i] for i in members]
+            # One try of the four is the noiseless policy: its return is the reference.
+            matches = [i for i in members if record.scores[i] == record.references[i]]
+            assert len(matches) == 1
+            assert record.references[members[0]] == pytest.approx(independent, abs=1e-3)
+            assert len({round(v, 4) for v in scores}) == len(scores)  # the others are noisy
+            best = members[int(np.argmax(scores))]
+            assert [record.kept[i] for i in members] == [i == best for i in members]
+            beaten += int(best != matches[0])
+            kept_scores.append(record.scores[best])
+            kept_references.append(independent)
+    # Every start keeps one episode, never worse than the noiseless policy's from it.
+    returns = outcome.shard_set.load().episode_returns()
+    np.testing.assert_allclose(returns, kept_scores, rtol=1e-6)
+    assert len(returns) == 4
+    assert all(r >= ref - 1e-3 for r, ref in zip(returns, kept_references, strict=True))
+    assert 0 < beaten < 4  # at this noise, some starts are improved on and some are not
+    # No reference is rolled out beside the tries: 8 episodes of 25 steps a task.
+    assert [task.simulator_steps for task in outcome.tasks] == [8 * 25] * 2
+    assert outcome.shard_set.params["keep_reference"] is True
+    data = outcome.shard_set.load()
+    assert np.isfinite(np.asarray(data.rollout_log_prob)).all()
+    with pytest.raises(ValidationError, match="keep_reference needs filter 'policy'"):
+        RolloutModel(filter="data", tries=4, keep_reference=True)
+    with pytest.raises(ValidationError, match="keep_reference needs filter 'policy'"):
+        RolloutModel(filter="policy", keep_reference=True)
+
+
 def test_self_improvement_branches_compare_with_the_same_restored_state(
     make_test_dataset, tmp_path: Path
 ) -> None:
