@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -92,7 +92,7 @@ class DiffusionConfig:
     """Residual blocks (SynthER: 6)."""
     time_dim: int = 128
     """Width of the input projection and time embedding (SynthER's ``dim_t``)."""
-    steps: int = 3000
+    steps: int = 30_000
     """Gradient steps (SynthER: 100,000), under a cosine learning-rate decay."""
     batch_size: int = 256
     """Transitions per step (SynthER: 1024)."""
@@ -100,6 +100,10 @@ class DiffusionConfig:
     """Adam's initial learning rate (SynthER: 3e-4)."""
     sampler_steps: int = 32
     """Solver steps from SIGMA_MAX to 0 per sample (SynthER: 128 Heun steps)."""
+    next_state: Literal["absolute", "delta"] = "delta"
+    """How ``s'`` is modelled: ``absolute`` (SynthER) or ``delta``, the change ``s' - s``
+    standardised on its own (as dynamics models predict it), so an error of the denoiser in that
+    coordinate is one of the change, not of the state's whole spread."""
     seed: int = 0
     """Seed of the initialisation, the batches and the training noise."""
 
@@ -171,6 +175,8 @@ class TransitionLayout:
     """(d,) per-dimension mean; 0 at the terminal."""
     std: npt.NDArray[np.float32]
     """(d,) per-dimension standard deviation (1 where the data is constant); 1 at the terminal."""
+    delta: bool = False
+    """The ``s'`` block holds ``s' - s`` (``DiffusionConfig.next_state: delta``)."""
 
     @property
     def dim(self) -> int:
@@ -178,9 +184,9 @@ class TransitionLayout:
         return 2 * self.observation_dim + self.action_dim + 2
 
     @classmethod
-    def of(cls, data: Transitions) -> TransitionLayout:
-        """The layout and statistics of ``data``'s transitions."""
-        flat = _flatten(data).astype(np.float64)
+    def of(cls, data: Transitions, delta: bool = False) -> TransitionLayout:
+        """The layout and statistics of ``data``'s transitions (``delta``: of ``s' - s``)."""
+        flat = _flatten(data, delta).astype(np.float64)
         mean, std = flat.mean(0), flat.std(0)
         std = np.where(std > 1e-6, std, 1.0)
         mean[-1], std[-1] = 0.0, 1.0  # the terminal stays 0/1 (SynthER)
@@ -189,28 +195,33 @@ class TransitionLayout:
             int(np.prod(data.action_shape)),
             mean.astype(np.float32),
             std.astype(np.float32),
+            delta,
         )
 
     def standardise(self, data: Transitions) -> npt.NDArray[np.float32]:
         """``(N, d)`` standardised vectors of ``data``'s transitions."""
-        return ((_flatten(data) - self.mean) / self.std).astype(np.float32)
+        return ((_flatten(data, self.delta) - self.mean) / self.std).astype(np.float32)
 
     def split(self, vectors: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.float32], ...]:
         """Standardised ``(N, d)`` back to observations, actions, rewards, next observations and
         the raw terminal coordinate, in the data's units."""
         raw = vectors * self.std + self.mean
         o, a = self.observation_dim, self.action_dim
-        return raw[:, :o], raw[:, o : o + a], raw[:, o + a], raw[:, o + a + 1 : -1], raw[:, -1]
+        observations, next_block = raw[:, :o], raw[:, o + a + 1 : -1]
+        next_observations = observations + next_block if self.delta else next_block
+        return observations, raw[:, o : o + a], raw[:, o + a], next_observations, raw[:, -1]
 
 
-def _flatten(data: Transitions) -> npt.NDArray[np.float32]:
+def _flatten(data: Transitions, delta: bool = False) -> npt.NDArray[np.float32]:
     n = len(data)
+    observations = np.asarray(data.observations, np.float32).reshape(n, -1)
+    next_observations = np.asarray(data.next_observations, np.float32).reshape(n, -1)
     return np.concatenate(
         [
-            np.asarray(data.observations, np.float32).reshape(n, -1),
+            observations,
             np.asarray(data.actions, np.float32).reshape(n, -1),
             np.asarray(data.rewards, np.float32)[:, None],
-            np.asarray(data.next_observations, np.float32).reshape(n, -1),
+            next_observations - observations if delta else next_observations,
             np.asarray(data.terminals, np.float32)[:, None],
         ],
         1,
@@ -325,7 +336,9 @@ def train_diffusion(
         raise ValueError("the diffusion backend needs continuous actions and flat observations")
     if data.observations.dtype != np.float32:
         raise ValueError("the diffusion backend needs continuous (Box) observations")
-    layout = TransitionLayout.of(data)
+    if config.next_state not in ("absolute", "delta"):
+        raise ValueError(f"next_state must be 'absolute' or 'delta', not {config.next_state!r}")
+    layout = TransitionLayout.of(data, delta=config.next_state == "delta")
     spaces = spaces_from_transitions(data.meta, data.observation_shape[0], data.actions)
     model = TransitionDiffusion(Diffusion(layout.dim, config, device), layout, spaces)
     started = time.perf_counter()
@@ -381,13 +394,16 @@ def load_diffusion(path: str | Path, device: str | None = None) -> TransitionDif
     if checkpoint.algorithm != "diffusion":
         raise ValueError(f"{path}: a {checkpoint.algorithm} checkpoint, not a diffusion model")
     spaces = checkpoint.spaces
+    # A checkpoint written before next_state existed modelled s' itself.
+    config = config_from_json(DiffusionConfig, {"next_state": "absolute", **checkpoint.config})
     layout = TransitionLayout(
         spaces.observation_dim,
         spaces.action_dim,
         checkpoint.state["mean"].numpy(),
         checkpoint.state["std"].numpy(),
+        config.next_state == "delta",
     )
-    diffusion = Diffusion(layout.dim, config_from_json(DiffusionConfig, checkpoint.config), device)
+    diffusion = Diffusion(layout.dim, config, device)
     diffusion.net.load_state_dict(checkpoint.state["net"])
     diffusion.net.eval()
     return TransitionDiffusion(diffusion, layout, spaces)

@@ -97,7 +97,7 @@ class DiffusionModel(StrictSection):
 
     width: int = Field(256, gt=0, description="Width of the denoiser's residual blocks.")
     blocks: int = Field(3, gt=0, description="Residual blocks of the denoiser.")
-    steps: int = Field(3000, gt=0, description="Training steps (cosine learning-rate decay).")
+    steps: int = Field(30_000, gt=0, description="Training steps (cosine learning-rate decay).")
     batch_size: int = Field(256, gt=0, description="Transitions per training step.")
     learning_rate: float = Field(3e-4, gt=0, description="Adam's initial learning rate.")
     samples: int = Field(
@@ -105,6 +105,13 @@ class DiffusionModel(StrictSection):
     )
     sampler_steps: int = Field(
         32, gt=0, description="Solver steps from pure noise to a sample (DPM-Solver++ 2M)."
+    )
+    next_state: Literal["absolute", "delta"] = Field(
+        "delta",
+        description=(
+            "How s' is modelled: absolute (SynthER) or delta, the change s' - s standardised"
+            " on its own, as dynamics models predict it (docs/rollouts.md)."
+        ),
     )
     seed: int | None = Field(
         None,

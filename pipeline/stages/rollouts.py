@@ -245,6 +245,7 @@ def train_denoiser_stage(data: DatasetRef, config: RolloutModel, out: str, seed:
             batch_size=settings.batch_size,
             learning_rate=settings.learning_rate,
             sampler_steps=settings.sampler_steps,
+            next_state=settings.next_state,
             seed=diffusion_seed(config, seed),
         ),
     )

@@ -18,6 +18,7 @@ from offaug.pipeline.engine.plan import plan_workflow
 from offaug.pipeline.rollouts.diffusion import (
     Diffusion,
     DiffusionConfig,
+    TransitionLayout,
     generate,
     load_diffusion,
     save_diffusion,
@@ -79,6 +80,37 @@ def test_generated_rows_are_one_step_episodes_inside_the_action_box(hopper, tmp_
     again = generate(loaded, 300, seed=5, meta=data.meta)
     np.testing.assert_allclose(again.observations, out.observations, rtol=1e-5, atol=1e-5)
     assert (again.terminals == out.terminals).all()
+
+
+def test_next_state_delta_models_the_change_and_gives_back_the_state(
+    hopper, tmp_path: Path
+) -> None:
+    """``next_state: delta``: the s' block of a vector is s' - s, standardised on its own; the
+    data's own vectors split back to its transitions, and a saved model keeps the layout."""
+    _, data = hopper
+    absolute = TransitionLayout.of(data)
+    delta = TransitionLayout.of(data, delta=True)
+    o, a = delta.observation_dim, delta.action_dim
+    vectors = delta.standardise(data)
+    change = data.next_observations - data.observations
+    np.testing.assert_allclose(vectors[:, o + a + 1 : -1].std(0), 1.0, atol=1e-3)
+    # The change spreads less than the state itself: its unit is the smaller one.
+    assert (delta.std[o + a + 1 : -1] < absolute.std[o + a + 1 : -1]).mean() > 0.5
+    spread = np.where(change.std(0) > 1e-6, change.std(0), 1.0)
+    np.testing.assert_allclose(delta.std[o + a + 1 : -1], spread, rtol=1e-3)
+    observations, actions, rewards, next_observations, _ = delta.split(vectors)
+    np.testing.assert_allclose(observations, data.observations, atol=1e-4)
+    np.testing.assert_allclose(actions, data.actions, atol=1e-4)
+    np.testing.assert_allclose(rewards, data.rewards, atol=1e-4)
+    np.testing.assert_allclose(next_observations, data.next_observations, atol=1e-3)
+    model, _ = train_diffusion(data, DiffusionConfig(**TINY, next_state="delta"))
+    assert model.layout.delta
+    loaded = load_diffusion(save_diffusion(model, tmp_path / "denoiser.pt"))
+    assert loaded.layout.delta
+    out, again = generate(model, 50, seed=2), generate(loaded, 50, seed=2)
+    np.testing.assert_allclose(again.next_observations, out.next_observations, atol=1e-5)
+    with pytest.raises(ValidationError, match="next_state"):
+        RolloutModel(backend="diffusion", diffusion={"next_state": "relative"})
 
 
 def test_terminals_are_the_sampled_coordinate_thresholded(hopper) -> None:
@@ -231,8 +263,8 @@ def test_the_plan_trains_a_denoiser_samples_in_tasks_and_merges(tmp_path: Path) 
         "rollout:1",
         "rollout",
         "train:td3bc-augmented",
-        # td3bc on the original data for the denoiser's 3,000 steps and the arm's 10,000.
-        "train:td3bc-baseline[13000]",
+        # td3bc on the original data for the denoiser's 30,000 steps and the arm's 10,000.
+        "train:td3bc-baseline[40000]",
         "video:best",
         "doctor",
         "report",
