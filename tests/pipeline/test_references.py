@@ -131,23 +131,33 @@ def test_self_improvement_keeps_only_episodes_that_beat_the_noiseless_policy(
         assert summary["kept_improvement"] > 0
 
 
-def test_tries_keep_the_best_of_each_start_where_it_beats_the_noiseless_policy(
-    make_test_dataset, tmp_path: Path
-) -> None:
-    """``tries: 4``: four noisy episodes from one reset seed share one reference; only the
-    best of them stays, and only when it beats that reference."""
+def _best_of_four(
+    make_test_dataset: Any, tmp_path: Path, episodes: int, keep_reference: bool
+) -> tuple[Any, Path, Any]:
+    """A 60-step clone on Pendulum rolled out under ``filter: policy``, ``tries: 4``, in two
+    tasks of horizon 25: the dataset, the clone's checkpoint and the outcome."""
     made = make_test_dataset("pendulum", "hdf5")
     checkpoint = _train("bc", made.dataset_id, tmp_path / "bc", steps=60)
     config = RolloutConfig(
-        episodes=12,
+        episodes=episodes,
         n_envs=3,
         noise=parse_noise("gaussian:0.5"),
         seed=5,
         horizon=25,
         filter="policy",
         tries=4,
+        keep_reference=keep_reference,
     )
     outcome = rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=2)
+    return made, checkpoint, outcome
+
+
+def test_tries_keep_the_best_of_each_start_where_it_beats_the_noiseless_policy(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """``tries: 4``: four noisy episodes from one reset seed share one reference; only the
+    best of them stays, and only when it beats that reference."""
+    _, _, outcome = _best_of_four(make_test_dataset, tmp_path, episodes=12, keep_reference=False)
     kept_scores = []
     for record in _records(outcome):
         groups: dict[int, list[int]] = {}
@@ -178,19 +188,9 @@ def test_keep_reference_makes_the_first_try_the_noiseless_policy_and_keeps_every
     """``keep_reference``: the first try of each start is the noiseless policy (its return is
     the reference, rolled out once as an episode); every start keeps exactly one episode, the
     reference itself unless a noisy try beats it."""
-    made = make_test_dataset("pendulum", "hdf5")
-    checkpoint = _train("bc", made.dataset_id, tmp_path / "bc", steps=60)
-    config = RolloutConfig(
-        episodes=16,
-        n_envs=3,
-        noise=parse_noise("gaussian:0.5"),
-        seed=5,
-        horizon=25,
-        filter="policy",
-        tries=4,
-        keep_reference=True,
+    made, checkpoint, outcome = _best_of_four(
+        make_test_dataset, tmp_path, episodes=16, keep_reference=True
     )
-    outcome = rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=2)
     meta = load_transitions(made.dataset_id).meta
     bc = load_rollout_policy(str(checkpoint))
 
