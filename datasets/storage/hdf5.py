@@ -13,6 +13,7 @@ same objects h5py's high-level API would, with the property lists made once and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ except ImportError:
 HDF5_FILE = "main_data.hdf5"
 IN_MEMORY_BYTES = 256 * 1024 * 1024
 """Largest expected ``main_data.hdf5`` built in memory and written out once at close."""
+MAX_COMPRESSION = 1032
+"""Most bytes a filtered dataset may declare per byte of its file: deflate's limit (about
+1032:1), far above what real data compresses to."""
 
 
 # --------------------------------------------------------------------------- reading
@@ -58,8 +62,10 @@ class _LeafReader:
     dataset options, so filters are looked up once per dataset name.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, file_bytes: int) -> None:
         self.path = path.encode()
+        self.file_bytes = file_bytes
+        """Size of the HDF5 file: what an unfiltered dataset's declared shape must fit in."""
         self.parts: list[bytes] = []
         self.dtype: np.dtype[Any] | None = None
         self.row_shape: tuple[int, ...] = ()
@@ -73,7 +79,7 @@ class _LeafReader:
             dataset = h5py.h5d.open(group, self.path)
         except KeyError as exc:
             raise DataError("missing in the HDF5 file", field=where) from exc
-        if self.fast and rows is not None:
+        if self.fast and rows is not None and rows * self.row_bytes <= self.file_bytes:
             _, raw = dataset.read_direct_chunk(self.origin)
             if len(raw) == rows * self.row_bytes:
                 self.parts.append(raw)
@@ -100,11 +106,31 @@ class _LeafReader:
                 f"rows have shape {shape[1:]} here but {self.row_shape} in earlier episodes",
                 field=where,
             )
-        array = np.empty(shape, dtype=dtype)
+        declared = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+        if declared > self.file_bytes * (1 if not self.filtered(dataset) else MAX_COMPRESSION):
+            raise DataError(
+                f"declares shape {shape} ({declared:,} bytes), more than the"
+                f" {self.file_bytes:,}-byte file can hold",
+                field=where,
+                hint="the file is corrupted; re-download or regenerate the dataset",
+            )
+        try:
+            array = np.empty(shape, dtype=dtype)
+        except MemoryError as exc:
+            raise DataError(
+                f"declares shape {shape}, too large to read into memory",
+                field=where,
+                hint="the file is corrupted, or too large for this machine",
+            ) from exc
         if array.size:
             dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, array)
         self.parts.append(array.astype(self.dtype, copy=False).tobytes())
         return int(shape[0])
+
+    @staticmethod
+    def filtered(dataset: Any) -> bool:
+        """Whether ``dataset`` is stored through filters (compression)."""
+        return bool(dataset.get_create_plist().get_nfilters() > 0)
 
     def concatenate(self) -> npt.NDArray[Any]:
         if self.dtype is None:
@@ -128,14 +154,15 @@ def _read_hdf5_range(
             path=file_path,
             hint="the file is truncated or corrupted; re-download or regenerate the dataset",
         ) from exc
+    file_bytes = os.path.getsize(file_path)
     with handle:
         root = handle.id
         observation_readers = {
-            leaf: _LeafReader(f"observations/{leaf}" if leaf else "observations")
+            leaf: _LeafReader(f"observations/{leaf}" if leaf else "observations", file_bytes)
             for leaf in observation_leaves
         }
-        step_readers = {key: _LeafReader(key) for key in STEP_KEYS}
-        info_readers = {key: _LeafReader(f"infos/{key}") for key in info_keys}
+        step_readers = {key: _LeafReader(key, file_bytes) for key in STEP_KEYS}
+        info_readers = {key: _LeafReader(f"infos/{key}", file_bytes) for key in info_keys}
         lengths = np.empty(len(episode_ids), dtype=np.int64)
         h5g_open = h5py.h5g.open
         h5d_open = h5py.h5d.open

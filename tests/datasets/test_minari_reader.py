@@ -247,6 +247,22 @@ def test_nan_observation_is_refused_with_its_field(make_test_dataset, tmp_path: 
     assert np.isnan(loaded.observations).any()
 
 
+def test_a_shape_larger_than_the_file_is_refused_before_allocating(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """A corrupted shape header (the fuzz test found one declaring 4,294,967,307 rows) is a
+    DataError naming the field, not a 32 GiB allocation."""
+    import h5py
+
+    copy = _copy_dataset(make_test_dataset("hopper", "hdf5"), tmp_path)
+    with h5py.File(copy / "data" / "main_data.hdf5", "r+") as handle:
+        del handle["episode_2/rewards"]
+        # Chunked and never written: the shape is declared, the bytes are not in the file.
+        handle.create_dataset("episode_2/rewards", shape=(2**32 + 11,), chunks=(1024,), dtype="f8")
+    with pytest.raises(DataError, match=r"episode_2/rewards.*more than the .*-byte file"):
+        read_minari_dir(copy)
+
+
 def test_not_a_dataset_directory(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a Minari dataset"):
         read_minari_dir(tmp_path)
