@@ -149,6 +149,28 @@ def policy_step(
     )
 
 
+def at_centre(
+    policy: RolloutPolicy,
+    noise: ContinuousNoise,
+    chosen: PolicyStep,
+    rows: npt.NDArray[np.bool_],
+    mean: FloatArray,
+    log_std: FloatArray,
+    centre: npt.NDArray[Any],
+) -> PolicyStep:
+    """``chosen`` with ``rows`` taken at the noise centre itself, without noise (the reference
+    episodes of ``rollout.keep_reference``); their ``log mu`` is the noise's density there, so
+    their weights stay defined."""
+    at = np.clip(np.asarray(centre, dtype=np.float64)[rows], -1.0, 1.0)
+    actions = np.array(chosen.actions, copy=True)
+    actions[rows] = at
+    rollout_log_prob = np.array(chosen.rollout_log_prob, copy=True)
+    rollout_log_prob[rows] = noise.log_prob_of_centre(at) + policy.log_abs_det
+    log_beta = np.array(chosen.behaviour_log_prob, copy=True)
+    log_beta[rows] = behaviour_log_prob(mean[rows], log_std[rows], at) + policy.log_abs_det
+    return PolicyStep(actions, policy.to_env(actions), rollout_log_prob, log_beta)
+
+
 # -- weights --------------------------------------------------------------------------------------
 
 

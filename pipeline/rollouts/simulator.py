@@ -29,14 +29,11 @@ given probabilities (``sparse`` starts, :mod:`offaug.pipeline.rollouts.data`). W
 every episode ends as truncated after H steps (short branched rollouts, as in MBPO/MOPO), from
 dataset states and resets alike.
 
-**Filter.** Before the weights are computed, ``filter: data`` drops an episode that earns less
-than the data from the same start (:class:`~offaug.pipeline.rollouts.data.EpisodeFilter`);
-``filter: policy`` one that does not beat the noiseless policy's return from the same reset seed
-and dataset state (rolled out in the same environments once the noisy episodes are done, or,
-with ``keep_reference``, the first try of each start rolled out without noise and kept where no
-noisy try beats it), and
-``filter: value`` a branch whose value-bootstrapped discounted return does not beat the data's
-from its start row (:mod:`offaug.pipeline.rollouts.references`).
+**Filter.** Before the weights are computed, the finished episodes are judged by the filter
+(``data``, ``policy`` or ``value``) and, with ``tries``, the best of each start's stays
+(:mod:`offaug.pipeline.rollouts.selection`). ``filter: policy``'s references are rolled out in
+the same environments once the noisy episodes are done, or, with ``keep_reference``, are the
+first try of each start, rolled out without noise (:func:`behaviour.at_centre`).
 
 **Faults.** An ``env.step`` that raises ends that environment's episode as truncated (the
 previous step becomes a timeout; the failed step is not data), the environment is reset, and
@@ -48,7 +45,6 @@ outputs NaN stops the rollout with :class:`RolloutError`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -58,11 +54,9 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from offaug.datasets.transitions import Source, Transitions
-from offaug.pipeline.contracts import FilterRecord
 from offaug.pipeline.rollouts.behaviour import (
-    PolicyStep,
     RolloutPolicy,
-    behaviour_log_prob,
+    at_centre,
     noise_centre,
     policy_step,
     weight_columns,
@@ -71,19 +65,13 @@ from offaug.pipeline.rollouts.config import Fault, RolloutConfig, RolloutError, 
 from offaug.pipeline.rollouts.data import (
     RESET_START,
     EpisodeFilter,
-    FloatArray,
-    IntArray,
     keep_episodes,
 )
 from offaug.pipeline.rollouts.env_state import StartStates, StateError, set_state
 from offaug.pipeline.rollouts.episodes import EpisodeStaging
 from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise
-from offaug.pipeline.rollouts.references import (
-    ValueFilter,
-    beats,
-    noiseless_returns,
-    reference_returns,
-)
+from offaug.pipeline.rollouts.references import ValueFilter, noiseless_returns
+from offaug.pipeline.rollouts.selection import FinishedEpisodes, select_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -319,7 +307,9 @@ class _Rollout:
         chosen = policy_step(self.policy, self.noise, mean, log_std, index, centre)
         quiet = self.noiseless[index]
         if quiet.any():
-            chosen = self._noiseless_rows(chosen, index, quiet, mean, log_std, centre)
+            assert isinstance(self.noise, ContinuousNoise) and log_std is not None
+            self.noise.reset(index[quiet])  # no OU deviation carried into a noiseless episode
+            chosen = at_centre(self.policy, self.noise, chosen, quiet, mean, log_std, centre)
         self.step_count += 1
         self.simulator_steps += len(index)
         outcome = self._step_envs(index, chosen.env_actions)
@@ -352,30 +342,6 @@ class _Rollout:
         if budget is not None and self.simulator_steps >= budget:
             for env in np.flatnonzero(self.active).tolist():
                 self.retire(env)
-
-    def _noiseless_rows(
-        self,
-        chosen: PolicyStep,
-        index: npt.NDArray[np.int64],
-        quiet: npt.NDArray[np.bool_],
-        mean: FloatArray,
-        log_std: FloatArray | None,
-        centre: npt.NDArray[Any],
-    ) -> PolicyStep:
-        """``chosen`` with the reference episodes' rows at the noise centre itself; their
-        ``log mu`` is the noise's density there, so their weights stay defined."""
-        assert isinstance(self.noise, ContinuousNoise) and log_std is not None
-        self.noise.reset(index[quiet])  # no OU deviation carried into a noiseless episode
-        at_centre = np.clip(np.asarray(centre, dtype=np.float64)[quiet], -1.0, 1.0)
-        actions = np.array(chosen.actions, copy=True)
-        actions[quiet] = at_centre
-        rollout_log_prob = np.array(chosen.rollout_log_prob, copy=True)
-        behaviour = np.array(chosen.behaviour_log_prob, copy=True)
-        rollout_log_prob[quiet] = self.noise.log_prob_of_centre(at_centre) + self.policy.log_abs_det
-        behaviour[quiet] = (
-            behaviour_log_prob(mean[quiet], log_std[quiet], at_centre) + self.policy.log_abs_det
-        )
-        return PolicyStep(actions, self.policy.to_env(actions), rollout_log_prob, behaviour)
 
     def _check_policy_output(
         self, mean: npt.NDArray[Any], log_std: npt.NDArray[Any] | None
@@ -451,18 +417,22 @@ class _Rollout:
         dropped = 0
         record = None
         if self.config.filter != "none" or self.config.tries > 1:
-            keep = np.ones(len(lengths), dtype=bool)
-            if self.config.filter != "none":
-                keep, record = self._judge(data, lengths, returns)
-            if self.config.tries > 1:
-                keep &= best_of_starts(
-                    returns,
-                    keep,
-                    np.asarray(self.episodes.reset_seeds, dtype=np.int64),
-                    np.asarray(self.episodes.start_rows, dtype=np.int64),
-                )
-                if record is not None:
-                    record = dataclasses.replace(record, kept=tuple(keep.tolist()))
+            finished = FinishedEpisodes(
+                returns=returns,
+                lengths=lengths,
+                start_rows=np.asarray(self.episodes.start_rows, dtype=np.int64),
+                reset_seeds=np.asarray(self.episodes.reset_seeds, dtype=np.int64),
+                rewards=data["rewards"],
+                next_observations=data["next_observations"],
+                terminals=data["terminals"],
+                noiseless=np.asarray(self.episode_noiseless, dtype=bool),
+            )
+            selection = select_episodes(
+                finished, self.config, self.episode_filter, self._roll_references
+            )
+            # Spent like any other (after the budget, which bounds the noisy episodes).
+            self.simulator_steps += selection.reference_steps
+            keep, record = selection.keep, selection.record
             data = keep_episodes(data, lengths, keep)
             lengths, returns = lengths[keep], returns[keep]
             dropped = int((~keep).sum())
@@ -503,73 +473,10 @@ class _Rollout:
             self.simulator_steps,
         )
 
-    def _judge(
-        self, data: Mapping[str, npt.NDArray[Any]], lengths: IntArray, returns: FloatArray
-    ) -> tuple[npt.NDArray[np.bool_], FilterRecord | None]:
-        """Which finished episodes the filter keeps, and what it compared (None for ``data``)."""
-        start_rows = np.asarray(self.episodes.start_rows, dtype=np.int64)
-        reset_seeds = np.asarray(self.episodes.reset_seeds, dtype=np.int64)
-        ends = np.cumsum(lengths) - 1
-        terminated = np.asarray(data["terminals"], dtype=bool)[ends]
-        noiseless: npt.NDArray[np.bool_] | None = None
-        if isinstance(self.episode_filter, EpisodeFilter):
-            return self.episode_filter.keep(returns, lengths, start_rows, terminated), None
-        if isinstance(self.episode_filter, ValueFilter):
-            scores = self.episode_filter.scores(
-                data["rewards"], lengths, data["next_observations"][ends], terminated
-            )
-            references = self.episode_filter.references(start_rows)
-        elif self.config.keep_reference:
-            # The references are the first tries themselves, already rolled out and counted.
-            scores = returns
-            noiseless = np.asarray(self.episode_noiseless, dtype=bool)
-            references = reference_returns(returns, noiseless, reset_seeds, start_rows)
-        else:
-            scores = returns
-            references, reference_steps = noiseless_returns(
-                self.policy, self.envs, reset_seeds, start_rows, self.start_states, self.limit
-            )
-            # Spent like any other (after the budget, which bounds the noisy episodes).
-            self.simulator_steps += reference_steps
-        config = self.config
-        keep = beats(scores, references, lengths, config.filter_margin, config.filter_tolerance)
-        if noiseless is not None:
-            # A reference stays where no noisy try beats it (best_of_starts picks the best).
-            keep |= noiseless & np.isfinite(references)
-        record = FilterRecord(
-            scores=tuple(scores.tolist()),
-            references=tuple(references.tolist()),
-            kept=tuple(keep.tolist()),
-            reset_seeds=tuple(reset_seeds.tolist()),
-            start_rows=tuple(start_rows.tolist()),
+    def _roll_references(
+        self, reset_seeds: npt.NDArray[np.int64], start_rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.float64], int]:
+        """``filter: policy``'s references, rolled out in this rollout's environments."""
+        return noiseless_returns(
+            self.policy, self.envs, reset_seeds, start_rows, self.start_states, self.limit
         )
-        return keep, record
-
-
-def best_of_starts(
-    returns: FloatArray, keep: npt.NDArray[np.bool_], reset_seeds: IntArray, start_rows: IntArray
-) -> npt.NDArray[np.bool_]:
-    """(episodes,) bool: per start (reset seed and start row), the first kept episode of
-    highest return; a start with none kept has none."""
-    best: dict[tuple[int, int], int] = {}
-    for index in np.flatnonzero(keep):
-        key = (int(reset_seeds[index]), int(start_rows[index]))
-        if key not in best or returns[index] > returns[best[key]]:
-            best[key] = int(index)
-    chosen = np.zeros(len(returns), dtype=bool)
-    chosen[list(best.values())] = True
-    return chosen
-
-
-def describe(result: RolloutResult) -> str:
-    """One line about a rollout: episodes, steps, faults, ESS."""
-    stats = result.weight_stats
-    return json.dumps(
-        {
-            "episodes": len(result.episode_returns),
-            "steps": len(result.transitions),
-            "faults": len(result.faults),
-            "episodes_dropped": result.episodes_dropped,
-            "ess_fraction": round(stats.get("ess_fraction", 0.0), 4),
-        }
-    )
