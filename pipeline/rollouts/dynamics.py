@@ -3,10 +3,10 @@
 Yu et al. 2020, "MOPO: Model-based Offline Policy Optimization". An ensemble of probabilistic
 networks predicts a Gaussian over (next-state difference, reward) and a termination logit from
 (state, action); members are trained together (one batched ensemble op) on independent
-bootstrap draws of the data. Rollouts of horizon H start from dataset states: at each step the
-BC policy plus noise picks actions (with the same log-probabilities as simulator rollouts), a
-random member predicts the step, and the reward is penalised by the ensemble's uncertainty
-``u(s, a)``, ``r - coefficient * u(s, a)``, one of
+bootstrap draws of the data. A step (:meth:`DynamicsEnsemble.step`) lets a random member predict
+it and reports the ensemble's uncertainty ``u(s, a)``, by which a model rollout
+(:mod:`offaug.pipeline.rollouts.model_rollouts`) penalises the reward,
+``r - coefficient * u(s, a)``, one of
 
 * ``mopo``: ``u = max_k ||sigma_k(s, a)||``, MOPO's max-aleatoric penalty (its lambda is the
   coefficient);
@@ -18,16 +18,8 @@ random member predicts the step, and the reward is penalised by the ensemble's u
   (:class:`offaug.pipeline.rollouts.policies.DiscountedValue`), so only a learner with a value
   can roll out with it (the coefficient is the paper's beta).
 
-States are kept within the dataset's bounds: a step whose predicted next state leaves them
-(beyond a margin) or is NaN is dropped, and its rollout ends at the step before, as truncated.
-The dropped step is the model extrapolating where it has no data; clipping its next state onto
-the bounds and bootstrapping from there would give the learner a state the model never
-predicted. The weight columns are those of simulator rollouts
-(:func:`offaug.pipeline.rollouts.behaviour.weight_columns`); a centred policy (a trained learner)
-moves the noise's centre as it does there, and ``filter: data`` drops rollouts whose predicted
-(unpenalised) return falls below the data's from the same start
-(:class:`offaug.pipeline.rollouts.data.EpisodeFilter`), before the weights are computed.
-:meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts.
+:meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts, and
+:meth:`DynamicsEnsemble.expected_step` gives the members' mean prediction (for quality reports).
 """
 
 from __future__ import annotations
@@ -43,17 +35,8 @@ import torch
 from torch.nn import functional as F
 
 from offaug.algorithms.base import Spaces, adam, config_from_json, load_checkpoint, save_checkpoint
-from offaug.algorithms.batch import to_tensor
 from offaug.algorithms.nn.networks import EnsembleMLP
-from offaug.datasets.transitions import Source, Transitions
-from offaug.pipeline.rollouts.behaviour import (
-    RolloutPolicy,
-    noise_centre,
-    policy_step,
-    weight_columns,
-)
-from offaug.pipeline.rollouts.data import EpisodeFilter
-from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
+from offaug.datasets.transitions import Transitions
 from offaug.pipeline.rollouts.policies import DiscountedValue
 
 PenaltyKind = Literal["mopo", "mobile"]
@@ -358,161 +341,3 @@ def load_dynamics(path: str | Path) -> DynamicsEnsemble:
     )
     model.load_state_dict(checkpoint.state)
     return model
-
-
-def model_rollout(
-    model: DynamicsEnsemble,
-    policy: RolloutPolicy,
-    start_observations: npt.NDArray[np.float32],
-    *,
-    noise: NoiseSpec = DEFAULT_NOISE,
-    max_weight: float = 100.0,
-    meta: Mapping[str, Any] | None = None,
-    horizon: int | None = None,
-    start_rows: npt.NDArray[np.int64] | None = None,
-    episode_filter: EpisodeFilter | None = None,
-    value: DiscountedValue | None = None,
-) -> Transitions:
-    """Roll ``policy`` out in the model from every start observation for ``horizon`` steps.
-
-    Args:
-        horizon: Steps per rollout (None: the model config's ``horizon``).
-        start_rows: The dataset rows the start observations are (for ``episode_filter``).
-        episode_filter: Drop rollouts that earn less than the data from the same row; the
-            number dropped is ``meta["episodes_dropped"]``.
-        value: V(s') and gamma for MOBILE's penalty (the rollout learner's own); required
-            when the model's config says ``penalty="mobile"``.
-    """
-    config = model.config
-    if config.penalty == "mobile" and value is None:
-        raise ValueError(
-            "MOBILE's penalty needs a value function: roll out a learner with a value of its"
-            " own (rollout.policy iql, td3bc, cql or rebrac)"
-        )
-    rng = np.random.default_rng(config.seed)
-    generator = torch.Generator().manual_seed(config.seed)
-    n = len(start_observations)
-    horizon = horizon or config.horizon
-    if episode_filter is not None and start_rows is None:
-        raise ValueError("the episode filter needs the start observations' dataset rows")
-    low = (model.stats["observation_low"] - config.bounds_margin * _range(model)).numpy()
-    high = (model.stats["observation_high"] + config.bounds_margin * _range(model)).numpy()
-    noise_process = ContinuousNoise(noise, n, model.action_dim, rng)
-    obs = to_tensor(start_observations, torch.device("cpu"))  # a copy: may be a read-only map
-    alive = np.ones(n, dtype=bool)
-    steps: list[dict[str, npt.NDArray[Any]]] = []
-    for t in range(horizon):
-        observations = obs.numpy().copy()
-        mean, log_std = policy(observations)
-        if log_std is None:
-            raise ValueError("model rollouts need a continuous Gaussian policy")
-        centre = noise_centre(policy, observations, mean)
-        chosen = policy_step(policy, noise_process, mean, log_std, centre=centre)
-        env_actions = np.asarray(chosen.env_actions, dtype=np.float32)
-        member = torch.as_tensor(rng.integers(0, config.members, size=n))
-        next_obs, rewards, terminals, uncertainty = model.step(
-            obs, torch.as_tensor(env_actions), member, generator
-        )
-        if config.penalty == "mobile":
-            assert value is not None
-            uncertainty = model.bellman_inconsistency(
-                obs, torch.as_tensor(env_actions), value, generator
-            )
-        next_np = next_obs.numpy()
-        raw_reward = rewards.numpy()
-        penalised = raw_reward - config.penalty_coefficient * uncertainty.numpy()
-        # A draw the learner values at NaN or inf (the model far outside the data) drops the step.
-        finite = np.isfinite(next_np).all(1) & np.isfinite(penalised)
-        inside = ((next_np >= low) & (next_np <= high)).all(1)
-        keep = alive & finite & inside
-        steps.append(
-            {
-                "alive": keep,
-                "observations": observations,
-                "actions": env_actions,
-                "rewards": penalised.astype(np.float32),
-                "raw_reward": raw_reward.astype(np.float32),
-                "uncertainty": uncertainty.numpy().astype(np.float32),
-                "next_observations": next_np.astype(np.float32),
-                "terminals": terminals.numpy(),
-                "timeouts": np.full(n, t == horizon - 1),
-                "rollout_log_prob": chosen.rollout_log_prob,
-                "behaviour_log_prob": chosen.behaviour_log_prob,
-            }
-        )
-        alive = keep & ~terminals.numpy()
-        # Rollouts that ended keep stepping (batched) from a finite stand-in; none of it is kept.
-        obs = torch.as_tensor(np.where(keep[:, None], next_np, observations).astype(np.float32))
-        if not alive.any():
-            break
-    keep = None
-    if episode_filter is not None:
-        assert start_rows is not None
-        alive_steps = np.stack([step["alive"] for step in steps], 1)  # (n, T)
-        raw_rewards = np.stack([step["raw_reward"] for step in steps], 1).astype(np.float64)
-        returns = (raw_rewards * alive_steps).sum(1)
-        keep = episode_filter.keep(returns, alive_steps.sum(1), start_rows)
-    meta = {**dict(meta or {}), "penalty": config.penalty}
-    return _assemble(steps, n, max_weight, meta, keep)
-
-
-def _range(model: DynamicsEnsemble) -> torch.Tensor:
-    return model.stats["observation_high"] - model.stats["observation_low"]
-
-
-def _assemble(
-    steps: list[dict[str, npt.NDArray[Any]]],
-    n: int,
-    max_weight: float,
-    meta: Mapping[str, Any] | None,
-    keep: npt.NDArray[np.bool_] | None = None,
-) -> Transitions:
-    # Reorder step-major records into episode-major rows (one model rollout = one episode).
-    alive = np.stack([s["alive"] for s in steps], 1)  # (n, T)
-    dropped = 0
-    if keep is not None:
-        dropped = int((~keep & alive.any(1)).sum())
-        alive = alive & keep[:, None]
-    # A rollout whose next step is dropped (NaN, out of bounds) ends at its last kept step, as
-    # truncated.
-    for t in range(alive.shape[1] - 1):
-        ended = alive[:, t] & ~alive[:, t + 1]
-        steps[t]["timeouts"] = steps[t]["timeouts"] | ended
-    rows_episode, rows_time = np.nonzero(alive)
-
-    def gather(key: str) -> npt.NDArray[Any]:
-        stacked = np.stack([s[key] for s in steps], 1)  # (n, T, ...)
-        return stacked[rows_episode, rows_time]
-
-    lengths = alive.sum(1)
-    lengths = lengths[lengths > 0]
-    weights = weight_columns(
-        gather("behaviour_log_prob"), gather("rollout_log_prob"), lengths, max_weight
-    )
-    timeouts = gather("timeouts").astype(bool)
-    terminals = gather("terminals").astype(bool)
-    return Transitions(
-        observations=gather("observations").astype(np.float32),
-        actions=gather("actions").astype(np.float32),
-        rewards=gather("rewards").astype(np.float32),
-        next_observations=gather("next_observations").astype(np.float32),
-        terminals=terminals,
-        timeouts=timeouts & ~terminals,
-        episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
-        rollout_log_prob=gather("rollout_log_prob").astype(np.float32),
-        behaviour_log_prob=gather("behaviour_log_prob").astype(np.float32),
-        importance_weight=weights.importance_weight,
-        source=np.full(int(lengths.sum()), Source.MODEL, dtype=np.int8),
-        extras={
-            "raw_reward": gather("raw_reward"),
-            "model_uncertainty": gather("uncertainty"),
-            **weights.extras,
-        },
-        meta={
-            **dict(meta or {}),
-            "format": "offaug-model-rollout",
-            "weight_stats": weights.stats,
-            "rollouts": n,
-            "episodes_dropped": dropped,
-        },
-    )

@@ -158,7 +158,8 @@ def model_rollout_task(
     """
     # torch comes with these: imported when the task runs, not when a worker unpickles stages.
     from offaug.datasets.shards import write_shard
-    from offaug.pipeline.rollouts.dynamics import load_dynamics, model_rollout
+    from offaug.pipeline.rollouts.dynamics import load_dynamics
+    from offaug.pipeline.rollouts.model_rollouts import model_rollout
     from offaug.pipeline.rollouts.policies import load_rollout_policy
 
     original = load_transitions(data.source)

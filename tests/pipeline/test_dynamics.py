@@ -20,10 +20,10 @@ from offaug.pipeline.rollouts.dynamics import (
     dataset_statistics,
     load_dynamics,
     mobile_penalty,
-    model_rollout,
     save_dynamics,
     train_dynamics,
 )
+from offaug.pipeline.rollouts.model_rollouts import model_rollout
 from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.policies import DiscountedValue
 from offaug.pipeline.schema.validation import WorkflowError
