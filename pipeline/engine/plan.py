@@ -92,12 +92,12 @@ def plan_workflow(workflow: Workflow, layout: RunLayout, threads: int) -> Plan:
                 else None
             )
     for recipe in arms.values():
-        planner.bc_shapes_data[recipe.name] = (
+        planner.step_account.bc_shapes_data[recipe.name] = (
             recipe.rollout.policy == "bc" or recipe.train.weighting == "behaviour"
         )
         planner.trainings(recipe, rollouts[recipe.name])
     planner.baselines()
-    planner.account()
+    planner.step_account.account(planner.plan)
     diagnoses: dict[tuple[str, int], str] = {}
     if workflow.diagnostics.enabled:
         for seed in diagnosed:

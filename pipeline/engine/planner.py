@@ -1,6 +1,7 @@
 """How each kind of stage is planned: :class:`Planner` builds a :class:`Plan` one stage kind at a
 time (source, BC, training, fused training, rollouts and their rounds, model and diffusion
-generation, diagnostics) and keeps the run index and the equal-steps accounting as it goes.
+generation, diagnostics) and keeps the run index and the equal-steps accounting
+(:class:`~offaug.pipeline.engine.step_account.StepAccount`) as it goes.
 :func:`offaug.pipeline.engine.plan.plan_workflow` calls it in dispatch order; the names, the
 sharing of equal stages and the steps counted are described there.
 """
@@ -16,9 +17,9 @@ from offaug.pipeline.contracts import (
     RunEntry,
     RunIndex,
     baseline_recipe,
-    is_plain,
 )
 from offaug.pipeline.engine.stage_plan import Plan, Ref, RefList, StageSpec, path_name
+from offaug.pipeline.engine.step_account import StepAccount
 from offaug.pipeline.rundir.run_layout import RunLayout
 from offaug.pipeline.schema.recipes import DEFAULT_RECIPE, Recipe
 from offaug.pipeline.schema.rollout_section import RolloutModel
@@ -39,18 +40,8 @@ class Planner:
         self.policy_models: dict[tuple[str, int], str] = {}
         """(recipe, seed) -> the policy its last rollout round rolled out, where it is not the
         learner's plain run (a retrained one, or one trained for ``rollout.policy_steps``)."""
-        self.gradient_steps: dict[str, int] = {}
-        """Stage -> the gradient steps it trains one model for (BC, learners, dynamics, the
-        denoiser)."""
-        self.bc_stages: set[str] = set()
-        """The BC stages: counted in a run's steps only where the clone shapes its data."""
-        self.bc_shapes_data: dict[str, bool] = {}
-        """Recipe -> whether its augmented rows come from the BC clone or are weighted by its
-        density (rollout.policy bc, or weighting behaviour)."""
-        self.depends: dict[str, tuple[str, ...]] = {}
-        """Stage -> what one seed's model depends on, where its stage's inputs say more (a
-        fused seed's stage reads the fused stage, which reads every seed's rollouts)."""
-        self.rollout_merges: set[str] = set()
+        self.step_account = StepAccount()
+        """The equal-steps accounting, recorded as stages are added."""
         self.rollout_policies: dict[tuple[str, int], str] = {}
         """(recipe, seed) -> the stage of the policy its last rollout round rolled out (the BC
         stage for the clone): where ``train.init: policy`` starts its rollout learner."""
@@ -120,7 +111,7 @@ class Planner:
                 dict(train.resources) or None,
             )
         )
-        self.gradient_steps[name] = train.steps
+        self.step_account.gradient_steps[name] = train.steps
         if record:
             self.record_run(algorithm, recipe, seed, name, label)
         return name
@@ -208,9 +199,11 @@ class Planner:
                     (Ref(fused), index),
                 )
             )
-            self.gradient_steps[names[seed]] = train.steps
+            self.step_account.gradient_steps[names[seed]] = train.steps
             rollout = rollouts[seed]
-            self.depends[names[seed]] = ("source",) if rollout is None else ("source", rollout)
+            self.step_account.depends[names[seed]] = (
+                ("source",) if rollout is None else ("source", rollout)
+            )
             self.record_run(algorithm, recipe, seed, names[seed], labels[seed])
         return names
 
@@ -225,44 +218,17 @@ class Planner:
             return self.fused(train, algorithm, recipe, nothing)[seed]
         return self.train(train, algorithm, recipe, seed, None)
 
-    def total_steps(self, stage: str, count_bc: bool = True) -> tuple[int, list[str]]:
-        """The gradient steps of every model ``stage``'s model depends on (itself included),
-        each counted once, and the rollout merges among them in plan order. ``count_bc``
-        False leaves the BC clone's steps out: a learner's rollouts carry the clone only for
-        the diagnostics' behaviour density, which unweighted training never reads."""
-        seen: set[str] = set()
-        todo = [stage]
-        while todo:
-            name = todo.pop()
-            if name not in seen:
-                seen.add(name)
-                todo.extend(self.depends.get(name, self.plan.stages[name].inputs))
-        counted = seen if count_bc else seen - self.bc_stages
-        steps = sum(self.gradient_steps.get(name, 0) for name in counted)
-        return steps, [n for n in self.plan.names if n in seen and n in self.rollout_merges]
-
     def baselines(self) -> None:
         """Every plain learner again at each total gradient steps an augmented arm spent (its
         rollout policy's included): the bar it is judged against at equal steps."""
         workflow = self.workflow
         if not workflow.train.baseline:
             return
-        totals = {
-            self.total_steps(run["stage"], self.bc_shapes_data.get(run["recipe"], True))[0]
-            for run in self.plan.index["runs"]
-            if not is_plain(run["recipe"])
-        }
+        totals = self.step_account.augmented_totals(self.plan)
         for seed in workflow.seeds:
             for algorithm in workflow.train.algorithms:
                 for steps in sorted(totals - {workflow.plain_train.steps}):
                     self.plain(algorithm, seed, steps)
-
-    def account(self) -> None:
-        """Each run's total and own gradient steps and the rollouts it depends on, in the index."""
-        for run in self.plan.index["runs"]:
-            count_bc = self.bc_shapes_data.get(run["recipe"], True)
-            run["steps"], run["rollouts"] = self.total_steps(run["stage"], count_bc)
-            run["own_steps"] = self.gradient_steps[run["stage"]]
 
     def trainings(self, recipe: Recipe, rollouts: dict[int, str | None]) -> None:
         """Every learner of ``recipe`` on every seed: one fused stage per learner that fuses its
@@ -291,8 +257,8 @@ class Planner:
                 (Ref("source"), recipe.bc, str(self.layout.model(path_name(label))), seed),
             )
         )
-        self.gradient_steps[name] = recipe.bc.steps
-        self.bc_stages.add(name)
+        self.step_account.gradient_steps[name] = recipe.bc.steps
+        self.step_account.bc_stages.add(name)
         return name
 
     def rollout(self, recipe: Recipe, seed: int, bc: str | None) -> str:
@@ -380,7 +346,7 @@ class Planner:
                     ),
                 )
             )
-            self.gradient_steps[dynamics] = rollout.dynamics.steps
+            self.step_account.gradient_steps[dynamics] = rollout.dynamics.steps
         calibrated: tuple[Any, ...] = ()
         if rollout.noise_calibration is not None:
             # One probe for all tasks, so every shard rolls out with the same noise.
@@ -422,7 +388,7 @@ class Planner:
                 (RefList(tuple(tasks)), out, rollout, *calibrated),
             )
         )
-        self.rollout_merges.add(merge)
+        self.step_account.rollout_merges.add(merge)
         return merge
 
     def generation(self, rollout: RolloutModel, seed: int, tag: str) -> str:
@@ -444,7 +410,7 @@ class Planner:
                 ),
             )
         )
-        self.gradient_steps[denoiser] = rollout.diffusion.steps
+        self.step_account.gradient_steps[denoiser] = rollout.diffusion.steps
         tasks = [
             self.plan.add(
                 StageSpec(
@@ -471,7 +437,7 @@ class Planner:
                 (RefList(tuple(tasks)), str(out), rollout),
             )
         )
-        self.rollout_merges.add(merge)
+        self.step_account.rollout_merges.add(merge)
         return merge
 
     def diagnose(self, recipe: Recipe, seed: int, bc: str, rollout: str | None) -> str:
