@@ -18,6 +18,21 @@ from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, NoiseSpec
 StartKind = Literal["reset", "dataset"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Lookahead:
+    """The rollout algorithm's search (:mod:`offaug.pipeline.rollouts.lookahead`): every
+    ``window`` steps, ``candidates`` continuations are simulated from the same state (the
+    noiseless policy and noisy windows followed by the policy) and the best is committed."""
+
+    candidates: int = 8
+    """Continuations compared at each decision point, the noiseless policy among them."""
+    window: int = 10
+    """Steps committed per decision; the noisy candidates perturb only these."""
+    depth: int | None = None
+    """Steps each continuation is simulated for, counted from the decision point (None: to the
+    episode's end)."""
+
+
 class RolloutError(RuntimeError):
     """A rollout that cannot go on (a policy that outputs NaN, an env that never resets)."""
 
@@ -62,6 +77,9 @@ class RolloutConfig:
     keep_reference: bool = False
     """``filter: policy`` with ``tries``: the first try of each start is the noiseless policy
     itself, its return the reference the others must beat, and it is kept where none does."""
+    lookahead: Lookahead | None = None
+    """Build each episode by the rollout algorithm's search instead of one noisy pass
+    (:mod:`offaug.pipeline.rollouts.lookahead`); None: one noisy pass."""
     max_faults: int = 1000
     """Stop with an error after this many environment faults."""
 

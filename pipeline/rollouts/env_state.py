@@ -12,6 +12,8 @@ A dataset records, per observation, the state that puts its env back there (writ
   (Pendulum, Acrobot), else the state itself as float32 (CartPole, MountainCar).
 
 The env is reset first (so its time limit and episode bookkeeping start afresh) and then set.
+:func:`read_state` copies an env's current state in the same form, so a search can return to it
+(:mod:`offaug.pipeline.rollouts.lookahead`).
 
 Rows that record no state (generated or perturbed transitions, rollouts) can have it rebuilt
 from the observation where the observation holds all of it (:func:`rebuild_states`):
@@ -51,6 +53,14 @@ def _set_mujoco(base: Any, state: StateRow) -> npt.NDArray[Any]:
     return np.asarray(base._get_obs())
 
 
+def _read_mujoco(base: Any) -> dict[str, npt.NDArray[Any]]:
+    return {"qpos": np.array(base.data.qpos), "qvel": np.array(base.data.qvel)}
+
+
+def _read_control(base: Any) -> dict[str, npt.NDArray[Any]]:
+    return {CONTROL_STATE_KEY: np.array(base.state, dtype=np.float64)}
+
+
 def _set_control(base: Any, state: StateRow) -> npt.NDArray[Any]:
     base.state = np.array(state[CONTROL_STATE_KEY], dtype=np.float64)
     if hasattr(base, "_get_obs"):
@@ -69,15 +79,24 @@ class StateKind:
     """Whether an (unwrapped) env can be set this way."""
     apply: Callable[[Any, StateRow], npt.NDArray[Any]]
     """Set the unwrapped env to a state; return the observation there."""
+    read: Callable[[Any], dict[str, npt.NDArray[Any]]]
+    """The unwrapped env's current state, copied (what ``apply`` takes back)."""
 
 
 STATE_KINDS: tuple[StateKind, ...] = (
-    StateKind("mujoco", SIMULATOR_STATE_KEYS, lambda base: hasattr(base, "set_state"), _set_mujoco),
+    StateKind(
+        "mujoco",
+        SIMULATOR_STATE_KEYS,
+        lambda base: hasattr(base, "set_state"),
+        _set_mujoco,
+        _read_mujoco,
+    ),
     StateKind(
         "control",
         (CONTROL_STATE_KEY,),
         lambda base: isinstance(getattr(base, CONTROL_STATE_KEY, None), (np.ndarray, tuple)),
         _set_control,
+        _read_control,
     ),
 )
 
@@ -131,6 +150,25 @@ def set_state(env: Any, kind: StateKind, state: StateRow) -> npt.NDArray[Any]:
         name = base.spec.id if base.spec else type(base).__name__
         raise StateError(f"{name}: cannot set a {kind.name} state; use start='reset'")
     return kind.apply(base, state)
+
+
+def env_state_kind(env: Any) -> StateKind:
+    """How a (reset) ``env``'s state is read and set.
+
+    Raises:
+        StateError: neither a MuJoCo env nor a classic-control env with a ``state``.
+    """
+    base = env.unwrapped
+    for kind in STATE_KINDS:
+        if kind.settable(base):
+            return kind
+    name = base.spec.id if base.spec else type(base).__name__
+    raise StateError(f"{name}: its state can be neither read nor set (not MuJoCo, no .state)")
+
+
+def read_state(env: Any, kind: StateKind) -> dict[str, npt.NDArray[Any]]:
+    """A copy of ``env``'s current state, which :func:`set_state` puts back."""
+    return kind.read(env.unwrapped)
 
 
 def _angles(columns: tuple[int, ...], rates: tuple[int, ...]) -> Callable[[Any], Any]:

@@ -33,6 +33,13 @@ class EpisodeStaging:
             self.staging[name][rows, t] = column
         self.lengths[rows] = t + 1
 
+    def record_steps(self, env: int, values: Mapping[str, npt.NDArray[Any]], steps: int) -> None:
+        """Append ``steps`` consecutive steps (``values``' first rows) to ``env``'s episode."""
+        t = int(self.lengths[env])
+        for name, column in values.items():
+            self.staging[name][env, t : t + steps] = column[:steps]
+        self.lengths[env] = t + steps
+
     def mark_last_timeout(self, env: int) -> None:
         """End ``env``'s episode at its last recorded step, as truncated."""
         if self.lengths[env] > 0:

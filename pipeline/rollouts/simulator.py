@@ -56,6 +56,7 @@ from threadpoolctl import threadpool_limits
 from offaug.datasets.transitions import Source, Transitions
 from offaug.pipeline.rollouts.behaviour import (
     RolloutPolicy,
+    WeightColumns,
     at_centre,
     noise_centre,
     policy_step,
@@ -134,6 +135,37 @@ def rollout(
             if close_envs:
                 for env in run.envs:
                     env.close()
+
+
+def simulator_transitions(
+    data: Mapping[str, npt.NDArray[Any]],
+    lengths: npt.NDArray[np.int64],
+    meta: Mapping[str, Any],
+    max_weight: float,
+) -> tuple[Transitions, WeightColumns]:
+    """Collected episodes (``data``: :class:`EpisodeStaging`'s columns, episodes of ``lengths``
+    consecutive rows) as simulator :class:`Transitions` with every weight column; the weight
+    statistics go into ``meta["rollout"]["weight_stats"]``."""
+    weights = weight_columns(
+        data["behaviour_log_prob"], data["rollout_log_prob"], lengths, max_weight
+    )
+    rollout_meta = {**dict(meta.get("rollout") or {}), "weight_stats": weights.stats}
+    transitions = Transitions(
+        observations=data["observations"],
+        actions=data["actions"],
+        rewards=data["rewards"],
+        next_observations=data["next_observations"],
+        terminals=data["terminals"],
+        timeouts=data["timeouts"],
+        episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
+        rollout_log_prob=data["rollout_log_prob"].astype(np.float32),
+        behaviour_log_prob=data["behaviour_log_prob"].astype(np.float32),
+        importance_weight=weights.importance_weight,
+        source=np.full(int(lengths.sum()), Source.SIMULATOR, dtype=np.int8),
+        extras=weights.extras,
+        meta={**dict(meta), "rollout": rollout_meta},
+    )
+    return transitions, weights
 
 
 @dataclasses.dataclass
@@ -436,31 +468,18 @@ class _Rollout:
             data = keep_episodes(data, lengths, keep)
             lengths, returns = lengths[keep], returns[keep]
             dropped = int((~keep).sum())
-        weights = weight_columns(
-            data["behaviour_log_prob"], data["rollout_log_prob"], lengths, self.config.max_weight
-        )
-        transitions = Transitions(
-            observations=data["observations"],
-            actions=data["actions"],
-            rewards=data["rewards"],
-            next_observations=data["next_observations"],
-            terminals=data["terminals"],
-            timeouts=data["timeouts"],
-            episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
-            rollout_log_prob=data["rollout_log_prob"].astype(np.float32),
-            behaviour_log_prob=data["behaviour_log_prob"].astype(np.float32),
-            importance_weight=weights.importance_weight,
-            source=np.full(int(lengths.sum()), Source.SIMULATOR, dtype=np.int8),
-            extras=weights.extras,
-            meta={
+        transitions, weights = simulator_transitions(
+            data,
+            lengths,
+            {
                 **dict(meta or {}),
                 "rollout": {
                     **self.config.to_json(),
                     "faults": len(self.faults),
-                    "weight_stats": weights.stats,
                     "episodes_dropped": dropped,
                 },
             },
+            self.config.max_weight,
         )
         return RolloutResult(
             transitions,

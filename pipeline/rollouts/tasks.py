@@ -44,6 +44,7 @@ from offaug.pipeline.rollouts.data import (
     start_probabilities,
 )
 from offaug.pipeline.rollouts.env_state import dataset_start_states, load_with_states
+from offaug.pipeline.rollouts.lookahead import lookahead_rollout
 from offaug.pipeline.rollouts.references import ValueFilter
 from offaug.pipeline.rollouts.simulator import rollout
 
@@ -168,16 +169,28 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
             "env_id": task.env_id,
             "task_index": task.task_index,
         }
-        result = rollout(
-            policy,
-            pooled_env,
-            run,
-            start_states=start_states,
-            start_probabilities=probabilities,
-            episode_filter=episode_filter,
-            meta={**meta, "provenance": provenance},
-            close_envs=False,
-        )
+        run_meta = {**meta, "provenance": provenance}
+        if run.lookahead is None:
+            result = rollout(
+                policy,
+                pooled_env,
+                run,
+                start_states=start_states,
+                start_probabilities=probabilities,
+                episode_filter=episode_filter,
+                meta=run_meta,
+                close_envs=False,
+            )
+        else:
+            result = lookahead_rollout(
+                policy,
+                pooled_env,
+                run,
+                start_states=start_states,
+                start_probabilities=probabilities,
+                meta=run_meta,
+                close_envs=False,
+            )
         # Back to this process's pool: the next task on this worker skips building them (every
         # episode starts with a seeded reset, so no state carries over).
         pool.extend(taken)
@@ -459,6 +472,7 @@ def rollout_to_shard_set(
                 "filter_tolerance": config.filter_tolerance,
                 "tries": config.tries,
                 "keep_reference": config.keep_reference,
+                "lookahead": config.to_json()["lookahead"],
             },
         )
     return RolloutOutcome(ShardSet.open(final), tuple(results))

@@ -145,6 +145,32 @@ class NoiseCalibrationModel(StrictSection):
         return tuple(sorted(value, reverse=True))
 
 
+class LookaheadModel(StrictSection):
+    """The rollout algorithm's search (rollout.lookahead): how each episode is built."""
+
+    candidates: int = Field(
+        8,
+        ge=2,
+        description=(
+            "Continuations compared at every decision point: the noiseless policy and"
+            " candidates - 1 with noisy windows."
+        ),
+    )
+    window: int = Field(
+        10,
+        gt=0,
+        description="Steps committed per decision; the noisy candidates perturb only these.",
+    )
+    depth: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Steps each continuation is simulated for from the decision point, the noiseless"
+            " policy after the window (null: to the episode's end)."
+        ),
+    )
+
+
 class RolloutModel(StrictSection):
     """Noisy rollouts of the BC policy, or of a trained learner's policy."""
 
@@ -288,6 +314,17 @@ class RolloutModel(StrictSection):
             " sees every start, not only those where noise helped. Continuous actions only."
         ),
     )
+    lookahead: LookaheadModel | None = Field(
+        None,
+        description=(
+            "Build every episode by the rollout algorithm (Bertsekas): every window steps, the"
+            " env's state is read and the candidates are simulated from it (the noiseless"
+            " policy, and noisy windows followed by the policy), and the window of the one with"
+            " the highest return over depth steps is committed. Every state an episode visits"
+            " then carries an improved action. Simulator backend, continuous actions, envs"
+            " whose state can be set (MuJoCo, classic control); filter 'none', tries 1."
+        ),
+    )
     noise_calibration: NoiseCalibrationModel | None = Field(
         None,
         description=(
@@ -336,6 +373,7 @@ class RolloutModel(StrictSection):
         if self.tries > 1 and self.backend != "simulator":
             raise ValueError("tries is the simulator backend's: K episodes from each start")
         self._check_filter()
+        self._check_lookahead()
         self._check_penalty()
         if self.starts == "disagreement" and self.backend != "model":
             raise ValueError("starts 'disagreement' needs backend 'model' (the ensemble)")
@@ -369,6 +407,25 @@ class RolloutModel(StrictSection):
 
             if (refusal := state_value_refusal(self.policy)) is not None:
                 raise ValueError(f"rollout.policy {self.policy!r}: {refusal}")
+
+    def _check_lookahead(self) -> None:
+        """The search builds whole episodes itself: nothing else may select or budget them."""
+        if self.lookahead is None:
+            return
+        clashes = {
+            "backend": self.backend != "simulator",
+            "filter": self.filter != "none",
+            "tries": self.tries > 1,
+            "simulator_steps": self.simulator_steps is not None,
+            "noise_calibration": self.noise_calibration is not None,
+        }
+        named = [name for name, clash in clashes.items() if clash]
+        if named:
+            raise ValueError(
+                "lookahead simulates its candidates in the dataset's simulator and commits the"
+                " best window itself: it needs backend 'simulator', filter 'none', tries 1, no"
+                f" simulator_steps and no noise_calibration (set: {', '.join(named)})"
+            )
 
     def _check_penalty(self) -> None:
         """MOBILE's penalty needs V(s') of the rollout policy: a learner with a value."""

@@ -21,7 +21,7 @@ from offaug.datasets.shards import file_checksum
 from offaug.datasets.sources import load_transitions
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef, RolloutShard
 from offaug.pipeline.rollouts.calibration import NoiseCalibration, calibrate_noise
-from offaug.pipeline.rollouts.config import RolloutConfig
+from offaug.pipeline.rollouts.config import Lookahead, RolloutConfig
 from offaug.pipeline.rollouts.data import sparsity, start_probabilities
 from offaug.pipeline.rollouts.tasks import (
     RolloutTask,
@@ -55,6 +55,7 @@ def _rollout_config(
         filter_tolerance=config.filter_tolerance,
         tries=config.tries,
         keep_reference=config.keep_reference,
+        lookahead=None if config.lookahead is None else Lookahead(**config.lookahead.model_dump()),
     )
 
 
@@ -357,6 +358,7 @@ def merge_rollouts(
             "filter_margin": config.filter_margin,
             "filter_tolerance": config.filter_tolerance,
             "keep_reference": config.keep_reference,
+            "lookahead": None if config.lookahead is None else config.lookahead.model_dump(),
         }
     shard_set = merge_rollout_shards(out, results, params)
     returns = [r for result in results for r in result.episode_returns]

@@ -1,0 +1,169 @@
+"""The rollout algorithm's search (``rollout.lookahead``) on real environments and datasets.
+
+Every episode is built window by window: the env's state is read, the candidates (the noiseless
+policy and noisy windows followed by it) are simulated from it, the best window is committed.
+Here the committed episodes are replayed action by action in a fresh environment (so the state
+was carried from window to window exactly), each is compared with the noiseless policy from the
+same reset computed independently, and the steps are counted by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+import pytest
+from pydantic import ValidationError
+
+from offaug.algorithms.evaluate import make_env
+from offaug.algorithms.training.loop import train
+from offaug.algorithms.training.options import TrainOptions
+from offaug.datasets import load_transitions
+from offaug.pipeline.rollouts.config import Lookahead, RolloutConfig, RolloutError
+from offaug.pipeline.rollouts.env_state import env_state_kind, read_state, set_state
+from offaug.pipeline.rollouts.noise import parse_noise
+from offaug.pipeline.rollouts.policies import load_rollout_policy
+from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
+from offaug.pipeline.schema.rollout_section import RolloutModel
+
+
+def _clone(dataset_id: str, out: Path) -> Path:
+    run = train(
+        "bc",
+        [dataset_id],
+        out,
+        config={"hidden": (32, 32)},
+        options=TrainOptions(steps=60, eval_every=0, log_every=60, checkpoint_every=60),
+    )
+    return run.checkpoint
+
+
+def _replay(meta: dict[str, Any], seed: int, actions: npt.NDArray[Any]) -> list[float]:
+    """The rewards of ``actions`` stepped from ``reset(seed)`` in a fresh environment."""
+    env = make_env(meta)
+    env.reset(seed=seed)
+    rewards = []
+    for action in actions:
+        _, reward, terminated, _, _ = env.step(action)
+        rewards.append(float(np.float32(reward)))
+        if terminated:
+            break
+    env.close()
+    return rewards
+
+
+def test_lookahead_episodes_are_real_and_never_below_the_noiseless_policy(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    made = make_test_dataset("pendulum", "hdf5")
+    checkpoint = _clone(made.dataset_id, tmp_path / "bc")
+    horizon, window, candidates = 40, 5, 4
+    config = RolloutConfig(
+        episodes=4,
+        n_envs=2,
+        noise=parse_noise("gaussian:0.5"),
+        seed=3,
+        horizon=horizon,
+        lookahead=Lookahead(candidates=candidates, window=window),
+    )
+    outcome = rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=2)
+    meta = load_transitions(made.dataset_id).meta
+    bc = load_rollout_policy(str(checkpoint))
+    data = outcome.shard_set.load()
+    bounds = data.episode_bounds()
+    records = [task.filter_record for task in outcome.tasks]
+    assert all(record is not None for record in records)
+    seeds = [seed for record in records if record for seed in record.reset_seeds]
+    references = [ref for record in records if record for ref in record.references]
+    assert len(seeds) == len(bounds) - 1 == 4
+    improved = 0
+    for episode, (seed, reference) in enumerate(zip(seeds, references, strict=True)):
+        rows = slice(int(bounds[episode]), int(bounds[episode + 1]))
+        actions = bc.to_env(np.asarray(data.actions[rows], dtype=np.float64))
+        recorded = np.asarray(data.rewards[rows], dtype=np.float64)
+        # The committed windows chain into one real episode of the environment.
+        assert len(recorded) == horizon and bool(data.timeouts[rows][-1])
+        np.testing.assert_allclose(_replay(meta, seed, actions), recorded, atol=1e-4)
+        # The reference is the noiseless policy's own return from the same reset.
+        env = make_env(meta)
+        obs, _ = env.reset(seed=seed)
+        own = 0.0
+        for _ in range(horizon):
+            mean = bc(np.asarray(obs, dtype=np.float32)[None])[0]
+            obs, reward, _, _, _ = env.step(bc.to_env(mean)[0])
+            own += float(np.float32(reward))
+        env.close()
+        assert reference == pytest.approx(own, abs=1e-3)
+        # Deterministic env, depth to the end: never below the policy, and above it somewhere.
+        assert recorded.sum() >= own - 1e-3
+        improved += int(recorded.sum() > own + 1e-3)
+    assert improved > 0
+    # Per episode, every decision simulates each candidate to the horizon.
+    per_episode = candidates * sum(horizon - t for t in range(0, horizon, window))
+    assert [task.simulator_steps for task in outcome.tasks] == [2 * per_episode] * 2
+    assert outcome.shard_set.params["lookahead"]["window"] == window
+    # Rows the policy's own windows chose are recorded at the noise's centre.
+    assert np.isfinite(np.asarray(data.rollout_log_prob)).all()
+
+
+def test_lookahead_depth_bounds_each_candidate_and_mujoco_states_round_trip(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """A MuJoCo env (Hopper-v5) read and set back replays the same steps; with a depth, each
+    candidate is simulated for that many steps only (and the first reference to the end)."""
+    env = gym.make("Hopper-v5")
+    env.reset(seed=0)
+    kind = env_state_kind(env)
+    actions = np.random.default_rng(0).uniform(-1, 1, (6, 3))
+    for action in actions[:3]:
+        env.step(action)
+    state = read_state(env, kind)
+    after = [env.step(action)[0] for action in actions[3:]]
+    env.reset(seed=1)
+    set_state(env, kind, state)
+    again = [env.step(action)[0] for action in actions[3:]]
+    # Equal to rounding: the solver's warm start (qacc_warmstart) is not part of the state.
+    np.testing.assert_allclose(np.asarray(after), np.asarray(again), rtol=0, atol=1e-9)
+    env.close()
+
+    made = make_test_dataset("hopper", "hdf5")
+    checkpoint = _clone(made.dataset_id, tmp_path / "bc")
+    config = RolloutConfig(
+        episodes=2,
+        n_envs=2,
+        noise=parse_noise("gaussian:0.3"),
+        seed=1,
+        lookahead=Lookahead(candidates=3, window=4, depth=6),
+    )
+    outcome = rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=1)
+    data = outcome.shard_set.load()
+    assert len(data.episode_bounds()) == 3 and len(data) > 0
+    lengths = np.diff(data.episode_bounds())
+    # Each decision steps 3 candidates at most max(depth, window) = 6 steps (fewer when they
+    # fall), and the first decision's reference at most the time limit (30).
+    decisions = np.ceil(lengths / 4)
+    bound = int((decisions * 3 * 6).sum() + 2 * 30)
+    assert 0 < outcome.tasks[0].simulator_steps <= bound
+
+
+def test_lookahead_is_refused_where_it_cannot_run() -> None:
+    RolloutModel(lookahead={"candidates": 4, "window": 5, "depth": 20})
+    with pytest.raises(ValidationError, match=r"filter 'none', tries 1.*set: filter, tries"):
+        RolloutModel(lookahead={}, filter="policy", tries=4)
+    with pytest.raises(ValidationError, match="set: backend"):
+        RolloutModel(lookahead={}, backend="model")
+    with pytest.raises(ValidationError, match="greater than or equal to 2"):
+        RolloutModel(lookahead={"candidates": 1})
+
+
+def test_lookahead_refuses_a_discrete_policy(make_test_dataset, tmp_path: Path) -> None:
+    made = make_test_dataset("cartpole", "hdf5")
+    checkpoint = _clone(made.dataset_id, tmp_path / "bc")
+    config = RolloutConfig(
+        episodes=1, n_envs=1, noise=parse_noise("epsilon:0.1"), lookahead=Lookahead()
+    )
+    with pytest.raises(RolloutError, match="continuous action spaces only"):
+        rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=1)
