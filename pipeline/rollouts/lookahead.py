@@ -357,7 +357,7 @@ class _Search:
         if step < window:
             values = {
                 "observations": observations[row],
-                "actions": chosen.actions[j],
+                "actions": chosen.env_actions[j],
                 "rewards": reward32,
                 "next_observations": next_observation,
                 "terminals": bool(terminated),
