@@ -60,7 +60,7 @@ from offaug.pipeline.rollouts.env_state import (
 )
 from offaug.pipeline.rollouts.episodes import EpisodeStaging
 from offaug.pipeline.rollouts.noise import ContinuousNoise
-from offaug.pipeline.rollouts.simulator import simulator_transitions
+from offaug.pipeline.rollouts.simulator import draw_start_row, simulator_transitions
 
 StateRow = dict[str, npt.NDArray[Any]]
 
@@ -203,7 +203,9 @@ class _Search:
                 env.reset(seed=int(seeds[e]))
                 if self.config.start == "dataset":
                     assert self.start_states is not None
-                    rows[e] = self._draw_start_row(len(self.start_states))
+                    rows[e] = draw_start_row(
+                        self.rng, len(self.start_states), self.start_probabilities
+                    )
                     set_state(env, self.start_states.kind, self.start_states.row(int(rows[e])))
             except StateError as exc:
                 raise RolloutError(str(exc)) from exc
@@ -247,11 +249,6 @@ class _Search:
             if self.episodes.lengths[e] > 0:
                 self.references.append(float(references[e]))
             self.episodes.finish(e, int(rows[e]), int(seeds[e]))
-
-    def _draw_start_row(self, n: int) -> int:
-        if self.start_probabilities is None:
-            return int(self.rng.integers(0, n))
-        return int(self.rng.choice(n, p=self.start_probabilities))
 
     # -- one decision: every candidate of every episode, stepped together -------------------------
 

@@ -137,6 +137,15 @@ def rollout(
                     env.close()
 
 
+def draw_start_row(
+    rng: np.random.Generator, n: int, probabilities: npt.NDArray[np.float64] | None
+) -> int:
+    """A dataset row to branch from: uniformly over ``n``, or with ``probabilities``."""
+    if probabilities is None:
+        return int(rng.integers(0, n))
+    return int(rng.choice(n, p=probabilities))
+
+
 def simulator_transitions(
     data: Mapping[str, npt.NDArray[Any]],
     lengths: npt.NDArray[np.int64],
@@ -263,7 +272,9 @@ class _Rollout:
                     assert self.start_states is not None
                     row = self.start_rows_drawn.get(start)
                     if row is None:
-                        row = self._draw_start_row(len(self.start_states))
+                        row = draw_start_row(
+                            self.rng, len(self.start_states), self.start_probabilities
+                        )
                         self.start_rows_drawn[start] = row
                     states = self.start_states
                     obs = set_state(self.envs[i], states.kind, states.row(row))
@@ -282,11 +293,6 @@ class _Rollout:
         # keep_reference: the first try of each start is the noiseless policy.
         self.noiseless[i] = config.keep_reference and self.started % config.tries == 0
         self.started += 1
-
-    def _draw_start_row(self, n: int) -> int:
-        if self.start_probabilities is None:
-            return int(self.rng.integers(0, n))
-        return int(self.rng.choice(n, p=self.start_probabilities))
 
     def _finish(self, i: int) -> None:
         """Move environment ``i``'s episode to the finished ones (if it has steps)."""
