@@ -44,4 +44,6 @@ def test_worker_setup_keeps_freed_memory_for_the_next_step() -> None:
     # is faulted in again, page by page (512 of them).
     assert trim == "65536"
     assert before > 100, before
-    assert after < 1, after
+    # ru_minflt counts the whole worker process: its Dask threads (heartbeats, comms) may fault
+    # a page now and then on a busy machine, far below the 512 an activation costs.
+    assert after < 10, after
