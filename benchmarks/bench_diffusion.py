@@ -54,7 +54,7 @@ def _bare_training(net: Any, vectors: Any, steps: int, batch_size: int) -> float
     """Seconds of ``steps`` EDM steps on ``net``, written out in plain torch."""
     import torch
 
-    from offaug.pipeline.rollouts import diffusion as edm
+    from offaug.pipeline.models import diffusion as edm
 
     optimizer = torch.optim.Adam(net.parameters(), lr=3e-4)
     data = torch.as_tensor(vectors)
@@ -78,7 +78,7 @@ def _bare_sampling(model: Any, n: int, steps: int) -> float:
     """Seconds of ``n`` samples by a plain Euler loop over the Karras schedule."""
     import torch
 
-    from offaug.pipeline.rollouts import diffusion as edm
+    from offaug.pipeline.models import diffusion as edm
 
     net, dim = model.diffusion.net, model.layout.dim
     ramp = torch.linspace(0, 1, steps)
@@ -112,7 +112,7 @@ def main() -> None:
 
     from offaug.datasets import load_transitions
     from offaug.pipeline.contracts import DatasetRef
-    from offaug.pipeline.rollouts.diffusion import (
+    from offaug.pipeline.models.diffusion import (
         Diffusion,
         DiffusionConfig,
         TransitionLayout,
@@ -240,8 +240,8 @@ def _dynamics_error_record(trained: Any, data: Any, quick: bool, size: dict[str,
     import dataclasses
 
     from offaug.pipeline.diagnostics.quality import QualitySettings, quality_report
-    from offaug.pipeline.rollouts.diffusion import generate
-    from offaug.pipeline.rollouts.dynamics import DynamicsConfig, train_dynamics
+    from offaug.pipeline.models.diffusion import generate
+    from offaug.pipeline.models.dynamics import DynamicsConfig, train_dynamics
     from offaug.pipeline.schema.rollout_section import DynamicsModel
 
     rows = 500 if quick else QUALITY_ROWS

@@ -4,7 +4,7 @@
 with probability proportional to that state's distance to its k-th nearest neighbour among the
 dataset's states (standardised per dimension), so branches go where the data is thin. The
 model backend also offers ``disagreement``: proportional to the dynamics ensemble's spread at
-the dataset action (:meth:`offaug.pipeline.rollouts.dynamics.DynamicsEnsemble.disagreement`).
+the dataset action (:meth:`offaug.pipeline.models.dynamics.DynamicsEnsemble.disagreement`).
 
 **Filter.** With ``filter: data`` an augmented episode is kept only if its return is at least
 what the data earns over the same number of steps, less ``margin`` per step and less
@@ -154,3 +154,12 @@ def keep_episodes(
     """The rows of the kept episodes of ``columns`` (episodes of ``lengths`` consecutive rows)."""
     rows = np.repeat(np.asarray(keep, dtype=bool), np.asarray(lengths, dtype=np.int64))
     return {name: values[rows] for name, values in columns.items()}
+
+
+def draw_start_row(
+    rng: np.random.Generator, n: int, probabilities: npt.NDArray[np.float64] | None
+) -> int:
+    """A dataset row to branch from: uniformly over ``n``, or with ``probabilities``."""
+    if probabilities is None:
+        return int(rng.integers(0, n))
+    return int(rng.choice(n, p=probabilities))

@@ -1,7 +1,9 @@
-"""Episodes in progress during a rollout: per-environment staging, then growing columns.
+"""Episodes of a simulator rollout: per-environment staging, growing columns, then Transitions.
 
 Each environment's current episode is staged in arrays sized for a whole time limit; a finished
-episode moves to :class:`GrowingColumns` with its length, return, start row and reset seed.
+episode moves to :class:`GrowingColumns` with its length, return, start row and reset seed; the
+kept episodes become simulator :class:`Transitions` with every weight column
+(:func:`simulator_transitions`, shared by the noisy loop and the lookahead search).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from offaug.datasets.transitions import Source, Transitions
+from offaug.pipeline.rollouts.behaviour import WeightColumns, weight_columns
 
 
 class EpisodeStaging:
@@ -78,3 +83,34 @@ class GrowingColumns:
 
     def result(self) -> dict[str, npt.NDArray[Any]]:
         return {k: v[: self.size].copy() for k, v in self.arrays.items()}
+
+
+def simulator_transitions(
+    data: Mapping[str, npt.NDArray[Any]],
+    lengths: npt.NDArray[np.int64],
+    meta: Mapping[str, Any],
+    max_weight: float,
+) -> tuple[Transitions, WeightColumns]:
+    """Collected episodes (``data``: :class:`EpisodeStaging`'s columns, episodes of ``lengths``
+    consecutive rows) as simulator :class:`Transitions` with every weight column; the weight
+    statistics go into ``meta["rollout"]["weight_stats"]``."""
+    weights = weight_columns(
+        data["behaviour_log_prob"], data["rollout_log_prob"], lengths, max_weight
+    )
+    rollout_meta = {**dict(meta.get("rollout") or {}), "weight_stats": weights.stats}
+    transitions = Transitions(
+        observations=data["observations"],
+        actions=data["actions"],
+        rewards=data["rewards"],
+        next_observations=data["next_observations"],
+        terminals=data["terminals"],
+        timeouts=data["timeouts"],
+        episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
+        rollout_log_prob=data["rollout_log_prob"].astype(np.float32),
+        behaviour_log_prob=data["behaviour_log_prob"].astype(np.float32),
+        importance_weight=weights.importance_weight,
+        source=np.full(int(lengths.sum()), Source.SIMULATOR, dtype=np.int8),
+        extras=weights.extras,
+        meta={**dict(meta), "rollout": rollout_meta},
+    )
+    return transitions, weights

@@ -50,7 +50,7 @@ from offaug.pipeline.rollouts.config import (
     RolloutError,
     RolloutResult,
 )
-from offaug.pipeline.rollouts.data import RESET_START
+from offaug.pipeline.rollouts.data import RESET_START, draw_start_row
 from offaug.pipeline.rollouts.env_state import (
     StartStates,
     StateError,
@@ -58,9 +58,8 @@ from offaug.pipeline.rollouts.env_state import (
     read_state,
     set_state,
 )
-from offaug.pipeline.rollouts.episodes import EpisodeStaging
+from offaug.pipeline.rollouts.episodes import EpisodeStaging, simulator_transitions
 from offaug.pipeline.rollouts.noise import ContinuousNoise
-from offaug.pipeline.rollouts.simulator import draw_start_row, simulator_transitions
 
 StateRow = dict[str, npt.NDArray[Any]]
 

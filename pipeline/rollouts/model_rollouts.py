@@ -2,7 +2,7 @@
 
 Rollouts of horizon H start from dataset states: at each step the rollout policy plus noise
 picks actions (with the same log-probabilities as simulator rollouts), a random member of the
-ensemble (:class:`offaug.pipeline.rollouts.dynamics.DynamicsEnsemble`) predicts the step, and the
+ensemble (:class:`offaug.pipeline.models.dynamics.DynamicsEnsemble`) predicts the step, and the
 reward is penalised by the ensemble's uncertainty (MOPO's or MOBILE's, as the dynamics module
 says).
 
@@ -28,6 +28,7 @@ import torch
 
 from offaug.algorithms.batch import to_tensor
 from offaug.datasets.transitions import Source, Transitions
+from offaug.pipeline.models.dynamics import DiscountedValue, DynamicsEnsemble
 from offaug.pipeline.rollouts.behaviour import (
     RolloutPolicy,
     noise_centre,
@@ -35,9 +36,7 @@ from offaug.pipeline.rollouts.behaviour import (
     weight_columns,
 )
 from offaug.pipeline.rollouts.data import EpisodeFilter
-from offaug.pipeline.rollouts.dynamics import DynamicsEnsemble
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
-from offaug.pipeline.rollouts.policies import DiscountedValue
 
 
 def model_rollout(

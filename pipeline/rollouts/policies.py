@@ -9,14 +9,13 @@ centred on the learner's deterministic action, and beta_hat is still the BC poli
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from offaug.datasets.action_box import ActionBox
+from offaug.pipeline.models.dynamics import DiscountedValue
 
 
 class BCRolloutPolicy:
@@ -131,16 +130,6 @@ class LearnerRolloutPolicy:
                 f" {type(self.learner).__name__} has no state_values"
             )
         return DiscountedValue(state_values, float(self.learner.config.gamma))
-
-
-@dataclasses.dataclass(frozen=True)
-class DiscountedValue:
-    """A state-value function and its discount: what MOBILE's penalty needs of a policy."""
-
-    value: Callable[[npt.NDArray[np.float32]], npt.NDArray[Any]]
-    """``V(s)`` of a batch of states in the data's reward units: ``(B, obs) -> (B,)``."""
-    gamma: float
-    """The discount of ``r + gamma * V(s')``."""
 
 
 def load_rollout_policy(behaviour: str, learner: str | None = None) -> Any:

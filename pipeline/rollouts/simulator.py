@@ -53,23 +53,21 @@ import numpy as np
 import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
-from offaug.datasets.transitions import Source, Transitions
 from offaug.pipeline.rollouts.behaviour import (
     RolloutPolicy,
-    WeightColumns,
     at_centre,
     noise_centre,
     policy_step,
-    weight_columns,
 )
 from offaug.pipeline.rollouts.config import Fault, RolloutConfig, RolloutError, RolloutResult
 from offaug.pipeline.rollouts.data import (
     RESET_START,
     EpisodeFilter,
+    draw_start_row,
     keep_episodes,
 )
 from offaug.pipeline.rollouts.env_state import StartStates, StateError, set_state
-from offaug.pipeline.rollouts.episodes import EpisodeStaging
+from offaug.pipeline.rollouts.episodes import EpisodeStaging, simulator_transitions
 from offaug.pipeline.rollouts.noise import ContinuousNoise, DiscreteNoise
 from offaug.pipeline.rollouts.references import ValueFilter, noiseless_returns
 from offaug.pipeline.rollouts.selection import FinishedEpisodes, select_episodes
@@ -135,46 +133,6 @@ def rollout(
             if close_envs:
                 for env in run.envs:
                     env.close()
-
-
-def draw_start_row(
-    rng: np.random.Generator, n: int, probabilities: npt.NDArray[np.float64] | None
-) -> int:
-    """A dataset row to branch from: uniformly over ``n``, or with ``probabilities``."""
-    if probabilities is None:
-        return int(rng.integers(0, n))
-    return int(rng.choice(n, p=probabilities))
-
-
-def simulator_transitions(
-    data: Mapping[str, npt.NDArray[Any]],
-    lengths: npt.NDArray[np.int64],
-    meta: Mapping[str, Any],
-    max_weight: float,
-) -> tuple[Transitions, WeightColumns]:
-    """Collected episodes (``data``: :class:`EpisodeStaging`'s columns, episodes of ``lengths``
-    consecutive rows) as simulator :class:`Transitions` with every weight column; the weight
-    statistics go into ``meta["rollout"]["weight_stats"]``."""
-    weights = weight_columns(
-        data["behaviour_log_prob"], data["rollout_log_prob"], lengths, max_weight
-    )
-    rollout_meta = {**dict(meta.get("rollout") or {}), "weight_stats": weights.stats}
-    transitions = Transitions(
-        observations=data["observations"],
-        actions=data["actions"],
-        rewards=data["rewards"],
-        next_observations=data["next_observations"],
-        terminals=data["terminals"],
-        timeouts=data["timeouts"],
-        episode_ids=np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
-        rollout_log_prob=data["rollout_log_prob"].astype(np.float32),
-        behaviour_log_prob=data["behaviour_log_prob"].astype(np.float32),
-        importance_weight=weights.importance_weight,
-        source=np.full(int(lengths.sum()), Source.SIMULATOR, dtype=np.int8),
-        extras=weights.extras,
-        meta={**dict(meta), "rollout": rollout_meta},
-    )
-    return transitions, weights
 
 
 @dataclasses.dataclass

@@ -121,7 +121,7 @@ def calibrate_noise_stage(
 def train_dynamics_stage(data: DatasetRef, config: RolloutModel, out: str, seed: int) -> ModelRef:
     """Fit the learned-dynamics ensemble (rollout backend 'model')."""
     from offaug.datasets.sources import load_transitions
-    from offaug.pipeline.rollouts.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+    from offaug.pipeline.models.dynamics import DynamicsConfig, save_dynamics, train_dynamics
 
     dyn = config.dynamics
     model, losses = train_dynamics(
@@ -159,7 +159,7 @@ def model_rollout_task(
     """
     # torch comes with these: imported when the task runs, not when a worker unpickles stages.
     from offaug.datasets.shards import write_shard
-    from offaug.pipeline.rollouts.dynamics import load_dynamics
+    from offaug.pipeline.models.dynamics import load_dynamics
     from offaug.pipeline.rollouts.model_rollouts import model_rollout
     from offaug.pipeline.rollouts.policies import load_rollout_policy
 
@@ -235,7 +235,7 @@ def train_denoiser_stage(data: DatasetRef, config: RolloutModel, out: str, seed:
     ``diffusion.samples``, per 100,000 generated transitions).
     """
     # torch and diffusers come with this: imported when the stage runs (see the top).
-    from offaug.pipeline.rollouts.diffusion import DiffusionConfig, save_diffusion, train_diffusion
+    from offaug.pipeline.models.diffusion import DiffusionConfig, save_diffusion, train_diffusion
 
     settings = config.diffusion
     model, metrics = train_diffusion(
@@ -275,9 +275,9 @@ def diffusion_sample_task(
 ) -> RolloutShard:
     """Task ``task_index`` of the diffusion backend: its share of ``diffusion.samples``
     generated transitions, written as one shard (what a row holds:
-    :mod:`offaug.pipeline.rollouts.diffusion`)."""
+    :mod:`offaug.pipeline.models.diffusion`)."""
     from offaug.datasets.shards import write_shard
-    from offaug.pipeline.rollouts.diffusion import generate, load_diffusion
+    from offaug.pipeline.models.diffusion import generate, load_diffusion
 
     total, tasks = config.diffusion.samples, config.tasks
     count = total // tasks + (1 if task_index < total % tasks else 0)

@@ -15,7 +15,7 @@ from offaug.datasets.shards import ShardSet
 from offaug.datasets.transitions import Source
 from offaug.pipeline.contracts import AugmentedRef, DatasetRef, ModelRef
 from offaug.pipeline.engine.plan import plan_workflow
-from offaug.pipeline.rollouts.diffusion import (
+from offaug.pipeline.models.diffusion import (
     Diffusion,
     DiffusionConfig,
     TransitionLayout,

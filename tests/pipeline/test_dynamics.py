@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from offaug.datasets import load_transitions
-from offaug.pipeline.rollouts.dynamics import (
+from offaug.pipeline.models.dynamics import (
+    DiscountedValue,
     DynamicsConfig,
     DynamicsEnsemble,
     dataset_statistics,
@@ -25,7 +26,6 @@ from offaug.pipeline.rollouts.dynamics import (
 )
 from offaug.pipeline.rollouts.model_rollouts import model_rollout
 from offaug.pipeline.rollouts.noise import parse_noise
-from offaug.pipeline.rollouts.policies import DiscountedValue
 from offaug.pipeline.schema.validation import WorkflowError
 from offaug.pipeline.schema.workflow import load_workflow
 from tests.pipeline.test_rollout import KnownHopperPolicy

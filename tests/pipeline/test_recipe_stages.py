@@ -84,7 +84,7 @@ def test_the_rollout_stage_takes_a_learner_and_reports_the_filter(
 def test_model_rollouts_start_where_the_ensemble_disagrees(
     make_test_dataset, tmp_path: Path
 ) -> None:
-    from offaug.pipeline.rollouts.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+    from offaug.pipeline.models.dynamics import DynamicsConfig, save_dynamics, train_dynamics
 
     made = make_test_dataset("hopper", "hdf5")
     data = stages.prepare_source(SourceConfig(dataset=made.dataset_id))
@@ -167,7 +167,7 @@ def test_noise_calibration_keeps_the_largest_noise_the_filter_lets_through(
 def test_mobile_model_rollouts_take_v_from_the_rollout_learner(
     make_test_dataset, tmp_path: Path
 ) -> None:
-    from offaug.pipeline.rollouts.dynamics import DynamicsConfig, save_dynamics, train_dynamics
+    from offaug.pipeline.models.dynamics import DynamicsConfig, save_dynamics, train_dynamics
     from offaug.pipeline.rollouts.policies import load_rollout_policy
 
     made = make_test_dataset("hopper", "hdf5")

@@ -15,7 +15,7 @@ it and reports the ensemble's uncertainty ``u(s, a)``, by which a model rollout
   ``r_k + gamma * V(s'_k)``, each member's target averaged over ``mobile_samples`` draws
   (s'_k, r_k) of its Gaussian; ``V`` is the rollout learner's own value, ``min_j Q_j(s', pi(s'))``
   of its critics at its action (IQL: its V net), with its discount
-  (:class:`offaug.pipeline.rollouts.policies.DiscountedValue`), so only a learner with a value
+  (:class:`DiscountedValue`), so only a learner with a value
   can roll out with it (the coefficient is the paper's beta).
 
 :meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts, and
@@ -25,7 +25,7 @@ it and reports the ensemble's uncertainty ``u(s, a)``, by which a model rollout
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,10 +37,19 @@ from torch.nn import functional as F
 from offaug.algorithms.base import Spaces, adam, config_from_json, load_checkpoint, save_checkpoint
 from offaug.algorithms.nn.networks import EnsembleMLP
 from offaug.datasets.transitions import Transitions
-from offaug.pipeline.rollouts.policies import DiscountedValue
 
 PenaltyKind = Literal["mopo", "mobile"]
 """The uncertainty a model rollout's reward is penalised by (the module docstring says each)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscountedValue:
+    """A state-value function and its discount: what MOBILE's penalty needs of a policy."""
+
+    value: Callable[[npt.NDArray[np.float32]], npt.NDArray[Any]]
+    """``V(s)`` of a batch of states in the data's reward units: ``(B, obs) -> (B,)``."""
+    gamma: float
+    """The discount of ``r + gamma * V(s')``."""
 
 
 @dataclasses.dataclass(frozen=True)
