@@ -6,8 +6,8 @@ dataset of its own), the benchmark writes one workflow: ``benchmarks/augmentatio
 learners, recipes and sizes every dataset shares) with the dataset's source, seeds, gradient steps
 and learner configs filled in (:data:`DATASETS`). It runs that file with ``offaug run`` — the
 product's planner, stages and verdict, nothing wired here — and reads the run's
-``metrics.json``: the best augmented arm against the best plain learner at equal total gradient
-steps (``comparison``), and every arm's per-seed scores (``training``).
+``metrics.json``: the best augmented arm against the best plain learner at its total gradient
+steps or fewer (``comparison``), and every arm's per-seed scores (``training``).
 
 Records: ``augmentation_<dataset>`` (the best augmented arm's IQM minus the best plain
 learner's, its 95 % stratified bootstrap interval and P(improvement), the arms, their step
@@ -257,7 +257,8 @@ def dataset_records(
     simulator_free_recipes: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """The records of one dataset's run, read from its ``metrics.json``: its ``comparison``
-    (the best augmented arm against the best plain learner at equal total gradient steps), and
+    (the best augmented arm against the best plain learner at its total gradient steps or
+    fewer), and
     the default recipe and the simulator-free ones judged the same way
     (:func:`~offaug.pipeline.outcome.verdict.judge_best` over those recipes' runs and the plain
     ones)."""
@@ -321,8 +322,8 @@ def _record(
             "arms": arms,
         },
         "notes": (
-            "ratio = IQM(best augmented arm) - IQM(best plain learner at equal total gradient"
-            " steps) in normalised points, interval = 95% stratified bootstrap CI of that"
+            "ratio = IQM(best augmented arm) - IQM(best plain learner at its total gradient"
+            " steps or fewer) in normalised points, interval = 95% stratified bootstrap CI of that"
             " difference, P(improvement) over seeds; read from the run's metrics.json"
             " (offaug run); goal met when the interval is above 0 and P >= 0.75. Final"
             " policies, the same evaluation start seeds for every arm."
@@ -384,7 +385,7 @@ def summary_records(records: list[dict[str, Any]], seeds: list[int]) -> list[dic
                     goal,
                     seeds,
                     f"datasets where the {what} augmented arm beats the best plain learner at"
-                    " equal total gradient steps (interval > 0, P >= 0.75)",
+                    " its total gradient steps or fewer (interval > 0, P >= 0.75)",
                 )
             )
     if defaults:

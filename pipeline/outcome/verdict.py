@@ -7,9 +7,9 @@ the 95 % stratified bootstrap interval of the IQM difference and the probability
 name the likeliest reason and what to change.
 
 The study's claim is :func:`judge_best`: the best augmented arm (by IQM over seeds, over every
-learner and recipe) against the best plain arm (over every learner) trained for the same total
-gradient steps, the augmented arm's rollout policy's and the plain run it starts from included,
-as docs/pipeline.md explains.
+learner and recipe) against the best plain arm (over every learner and every plain budget up to
+the augmented arm's) trained for at most the same total gradient steps, the augmented arm's
+rollout policy's and the plain run it starts from included, as docs/pipeline.md explains.
 
 One rule everywhere: an arm *helps* when the interval of the IQM difference lies above zero,
 *hurts* when it lies below, and is *inconclusive* otherwise (always so with fewer than two seeds).
@@ -110,7 +110,7 @@ class ArmSummary(TypedDict):
 
 
 class BestComparison(TypedDict):
-    """The best augmented arm against the best plain arm at equal total gradient steps
+    """The best augmented arm against the best plain arm at its total gradient steps or fewer
     (metrics.json ``comparison``); without one, every field but ``sentence`` is None."""
 
     outcome: Outcome | None
@@ -279,13 +279,24 @@ def _steps(value: int | None) -> str:
     return "?" if value is None else f"{value:,}"
 
 
-def judge_best(runs: Iterable[RunScore], *, expert: float | None = 100.0) -> BestComparison:
-    """The best augmented arm against the best plain arm trained for its total gradient steps.
+def _within(plain_steps: int | None, budget: int | None) -> bool:
+    """Whether a plain arm of ``plain_steps`` is a candidate bar for an arm of ``budget``."""
+    if plain_steps is None or budget is None:
+        return plain_steps == budget
+    return plain_steps <= budget
 
-    "Best" is the highest IQM over the arm's seeds, over every (learner, recipe); the plain
-    candidates are every learner's plain runs with the augmented arm's total steps. Both are
-    compared on the seeds they share. ``expert``: the score at which the plain arm leaves
-    nothing to beat (100 for normalised scores; None for returns).
+
+def judge_best(runs: Iterable[RunScore], *, expert: float | None = 100.0) -> BestComparison:
+    """The best augmented arm against the best plain arm trained for at most its total steps.
+
+    "Best" is the highest IQM over the arm's seeds, over every (learner, recipe). The plain
+    candidates are every learner's plain runs with the augmented arm's total gradient steps or
+    fewer: a learner that scores better trained shorter (offline learners often degrade with
+    steps) is a bar a user could have had for less, so it is not dropped for one trained as long
+    and worse. A plain run at exactly the augmented arm's total must exist (``train.baseline``),
+    so that the bar is never only an under-trained one. Both arms are compared on the seeds they
+    share. ``expert``: the score at which the plain arm leaves nothing to beat (100 for
+    normalised scores; None for returns).
     """
     from offaug.pipeline.outcome.statistics import compare, iqm  # rliable: see judge_arm
 
@@ -299,11 +310,11 @@ def judge_best(runs: Iterable[RunScore], *, expert: float | None = 100.0) -> Bes
     best = arms[augmented[0]]
     steps = best[0].steps
     plains = sorted(
-        (k for k, arm in arms.items() if is_plain(k[1]) and arm[0].steps == steps),
+        (k for k, arm in arms.items() if is_plain(k[1]) and _within(arm[0].steps, steps)),
         key=lambda k: -ranked[k],
     )
     name = f"{best[0].learner} with {best[0].recipe}"
-    if not plains:
+    if not any(arms[k][0].steps == steps for k in plains):
         return _no_comparison(
             f"No best-against-best verdict: the best augmented arm ({name}) spent "
             f"{_steps(steps)} gradient steps and no plain arm was trained for as many "
@@ -333,9 +344,10 @@ def judge_best(runs: Iterable[RunScore], *, expert: float | None = 100.0) -> Bes
     spent += f", {simulator:,} simulator steps" if simulator else ""
     sentence = (
         f"Best augmented arm {name} (IQM {result.arm.value:.1f}, {spent}) against the best "
-        f"plain arm {plain[0].learner} (IQM {result.baseline.value:.1f}, {_steps(steps)} "
-        f"gradient steps): {words}; difference {result.difference.value:+.1f}, 95% CI "
-        f"[{low:+.1f}, {high:+.1f}], P(improvement) = {result.probability_of_improvement:.2f}, "
+        f"plain arm {plain[0].learner} (IQM {result.baseline.value:.1f}, "
+        f"{_steps(plain[0].steps)} gradient steps): {words}; difference "
+        f"{result.difference.value:+.1f}, 95% CI [{low:+.1f}, {high:+.1f}], P(improvement) = "
+        f"{result.probability_of_improvement:.2f}, "
         f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}."
     )
     if expert is not None and result.baseline.value >= expert:

@@ -171,7 +171,7 @@ class Metrics(TypedDict, total=False):
     verdict_headline: str
     """One line: the best arm per learner (:func:`offaug.pipeline.outcome.verdict.headline`)."""
     comparison: BestComparison
-    """The best augmented arm against the best plain arm at equal total gradient steps
+    """The best augmented arm against the best plain arm at its total gradient steps or fewer
     (:func:`offaug.pipeline.outcome.verdict.judge_best`): the study's answer."""
     weights: RolloutWeights
     """The rollout's importance weights."""

@@ -95,8 +95,8 @@ def comparison_html(metrics: Mapping[str, Any]) -> str:
     table = f'<table class="verdict"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
     explain = (
         '<p class="note">The best augmented arm (highest IQM over seeds, over every learner and '
-        "recipe) against the best plain arm trained for the same total gradient steps: the "
-        "augmented arm's count includes its rollout policy's training (the BC clone, or the "
+        "recipe) against the best plain arm trained for the same total gradient steps or fewer: "
+        "the augmented arm's count includes its rollout policy's training (the BC clone, or the "
         "learner that rolls out, every round) and the plain run it starts from. It helps when "
         "the 95% interval of the IQM difference lies above zero, hurts when below.</p>"
     )

@@ -90,10 +90,12 @@ def _arm(
 
 def _study(augmented: list[float]) -> list[RunScore]:
     """Two learners: each plain at train.steps (1,000) and at the augmented arms' total (3,000),
-    and one recipe each; bcq's plain arm at 3,000 steps is the best plain arm there."""
+    and one recipe each; bcq's plain arm at 3,000 steps is the best plain arm there; cql's at
+    5,000 steps is better but was trained longer than the augmented arms."""
     return (
-        _arm("cql", PLAIN, [80, 82, 84, 81, 83], 1000)  # better, but at fewer steps
+        _arm("cql", PLAIN, [30, 32, 34, 31, 33], 1000)
         + _arm("cql", "baseline[3000]", [40, 42, 44, 41, 43], 3000)
+        + _arm("cql", "baseline[5000]", [90, 92, 94, 91, 93], 5000)
         + _arm("bcq", PLAIN, [20, 22, 21, 23, 24], 1000)
         + _arm("bcq", "baseline[3000]", [50, 52, 54, 51, 53], 3000)
         + _arm("cql", "branch", augmented, 3000, own=1000)
@@ -112,7 +114,7 @@ def test_best_augmented_against_best_plain_at_equal_steps_helps() -> None:
     assert comparison["augmented"]["steps"] == 3000
     assert comparison["augmented"]["own_steps"] == 1000
     assert comparison["augmented"]["simulator_steps"] == 900
-    # The best plain arm at 3,000 steps, not cql's better plain run at 1,000.
+    # The best plain arm at 3,000 steps or fewer, not cql's better plain run at 5,000.
     assert comparison["plain"]["learner"] == "bcq"
     assert comparison["plain"]["recipe"] == "baseline[3000]"
     assert comparison["plain"]["steps"] == 3000
@@ -141,6 +143,24 @@ def test_best_augmented_against_best_plain_hurts_or_is_inconclusive() -> None:
         ("cql", "branch"),
         ("bcq", "branch"),
     }
+
+
+def test_a_plain_arm_better_at_fewer_steps_is_the_bar() -> None:
+    """Offline learners can degrade with steps: a plain run that scores better trained shorter
+    is what a user gets for less, so it is the bar, and the sentence names its own steps."""
+    study = (
+        _arm("bc", PLAIN, [80, 82, 84, 81, 83], 1000)
+        + _arm("bc", "baseline[3000]", [60, 62, 64, 61, 63], 3000)
+        + _arm("iql", "baseline[3000]", [50, 52, 54, 51, 53], 3000)
+        + _arm("bc", "branch", [83, 85, 87, 84, 86], 3000, own=1000)
+    )
+    comparison = judge_best(study)
+    assert comparison["plain"] is not None
+    assert (comparison["plain"]["recipe"], comparison["plain"]["steps"]) == (PLAIN, 1000)
+    assert comparison["difference"] == pytest.approx(85.0 - 82.0)
+    assert "best plain arm bc (IQM 82.0, 1,000 gradient steps)" in comparison["sentence"]
+    # Against the plain arm trained as long alone (the old bar) the same arm would have won by 23.
+    assert comparison["difference"] < 85.0 - 62.0
 
 
 def test_best_against_best_says_why_it_has_no_verdict() -> None:
