@@ -258,8 +258,7 @@ def dataset_records(
 ) -> list[dict[str, Any]]:
     """The records of one dataset's run, read from its ``metrics.json``: its ``comparison``
     (the best augmented arm against the best plain learner at its total gradient steps or
-    fewer), and
-    the default recipe and the simulator-free ones judged the same way
+    fewer), and the default recipe and the simulator-free ones judged the same way
     (:func:`~offaug.pipeline.outcome.verdict.judge_best` over those recipes' runs and the plain
     ones)."""
     from offaug.pipeline.contracts import is_plain
