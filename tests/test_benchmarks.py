@@ -218,6 +218,7 @@ def test_the_simulator_free_recipes_are_those_without_env_steps() -> None:
         "diffusion",
         "model-mopo",
         "model-mobile",
+        "bc-modellook8w5-r3",
         "state-noise",
     ]
     document["rollout"]["backend"] = "model"  # a recipe inherits the workflow's backend

@@ -18,8 +18,10 @@ it and reports the ensemble's uncertainty ``u(s, a)``, by which a model rollout
   (:class:`DiscountedValue`), so only a learner with a value
   can roll out with it (the coefficient is the paper's beta).
 
-:meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts, and
-:meth:`DynamicsEnsemble.expected_step` gives the members' mean prediction (for quality reports).
+:meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts,
+:meth:`DynamicsEnsemble.expected_step` gives the members' mean prediction (for quality reports)
+and :meth:`DynamicsEnsemble.mean_step` the same with its uncertainty, for the search in the model
+(:class:`offaug.pipeline.rollouts.model_rollouts.ModelEnv`).
 """
 
 from __future__ import annotations
@@ -206,6 +208,22 @@ class DynamicsEnsemble:
         probability = torch.sigmoid(terminal_logit[member, batch])
         terminals = torch.rand(probability.shape, generator=generator) < probability
         return next_observations, rewards, terminals, uncertainty
+
+    @torch.no_grad()
+    def mean_step(
+        self, observations: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The members' mean prediction for a batch, no noise drawn: next states, rewards,
+        termination probabilities and MOPO's uncertainty (as :meth:`step` gives it). What a
+        search that compares continuations needs: the same (s, a) always gives the same step."""
+        mean, log_var, terminal_logit = self._predict(observations, actions)  # (E, B, .)
+        target_std = self.stats["target_std"]
+        prediction = mean.mean(0) * target_std + self.stats["target_mean"]
+        next_observations = observations + prediction[:, : self.observation_dim]
+        std = torch.exp(0.5 * log_var)
+        uncertainty = torch.linalg.vector_norm(std * target_std, dim=-1).amax(0)
+        probability = torch.sigmoid(terminal_logit).mean(0)
+        return next_observations, prediction[:, -1], probability, uncertainty
 
     @torch.no_grad()
     def bellman_inconsistency(

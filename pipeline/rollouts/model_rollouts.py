@@ -15,19 +15,33 @@ predicted. The weight columns are those of simulator rollouts
 moves the noise's centre as it does there, and ``filter: data`` drops rollouts whose predicted
 (unpenalised) return falls below the data's from the same start
 (:class:`offaug.pipeline.rollouts.data.EpisodeFilter`), before the weights are computed.
+
+With ``rollout.lookahead`` the ensemble stands in for the simulator of the rollout algorithm
+(:mod:`offaug.pipeline.rollouts.lookahead`): :class:`ModelEnv` is a Gymnasium env whose state is
+the observation and whose step is the members' mean prediction with the penalised reward, so the
+search compares continuations the model believes in and that stay near the data, and commits the
+best window (:func:`model_lookahead_rollout`). This is model-based offline planning around a
+behaviour-cloned prior, as MBOP (Argenson & Dulac-Arnold 2021, "Model-Based Offline Planning",
+ICLR) does at decision time; here the plans become training episodes, as in the simulator's
+search. A step that leaves the data's bounds ends its candidate (scored -inf, so it is never
+committed); an episode whose every candidate leaves them ends, truncated, at its last committed
+step.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Mapping
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from offaug.algorithms.batch import to_tensor
-from offaug.datasets.transitions import Source, Transitions
+from offaug.datasets.transitions import CONTROL_STATE_KEY, Source, Transitions
 from offaug.pipeline.models.dynamics import DiscountedValue, DynamicsEnsemble
 from offaug.pipeline.rollouts.behaviour import (
     RolloutPolicy,
@@ -35,7 +49,10 @@ from offaug.pipeline.rollouts.behaviour import (
     policy_step,
     weight_columns,
 )
+from offaug.pipeline.rollouts.config import RolloutConfig, RolloutResult
 from offaug.pipeline.rollouts.data import EpisodeFilter
+from offaug.pipeline.rollouts.env_state import STATE_KINDS, StartStates
+from offaug.pipeline.rollouts.lookahead import lookahead_rollout
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
 
 
@@ -133,6 +150,132 @@ def model_rollout(
         keep = episode_filter.keep(returns, alive_steps.sum(1), start_rows)
     meta = {**dict(meta or {}), "penalty": config.penalty}
     return _assemble(steps, n, max_weight, meta, keep)
+
+
+class ModelBoundsExit(RuntimeError):
+    """A model step that left the data's bounds (or predicted NaN): the model cannot judge it."""
+
+
+class ModelEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
+    """The ensemble as an environment the rollout algorithm's search can read and set.
+
+    Its ``state`` is the observation (float64), so the search reads and sets it as it does a
+    classic-control env's (:mod:`offaug.pipeline.rollouts.env_state`, kind ``control``). A step
+    is :meth:`DynamicsEnsemble.mean_step`: the members' mean next state, the reward penalised by
+    the model config's uncertainty (MOPO's, or MOBILE's with ``value``), terminated where the
+    members' mean termination probability exceeds one half. ``info`` holds the raw reward and the
+    uncertainty. A reset starts from one of ``initial_observations``, drawn by the env's seed.
+
+    Raises (from :meth:`step`):
+        ModelBoundsExit: the predicted next state is NaN or leaves the data's bounds (beyond
+            the config's margin).
+    """
+
+    def __init__(
+        self,
+        model: DynamicsEnsemble,
+        initial_observations: npt.NDArray[np.float32],
+        value: DiscountedValue | None = None,
+        seed: int = 0,
+    ) -> None:
+        if model.config.penalty == "mobile" and value is None:
+            raise ValueError("ModelEnv with MOBILE's penalty needs the learner's value")
+        self.model, self.value = model, value
+        self.initial = np.asarray(initial_observations, dtype=np.float32)
+        self.low = model.stats["observation_low"] - model.config.bounds_margin * _range(model)
+        self.high = model.stats["observation_high"] + model.config.bounds_margin * _range(model)
+        self.observation_space = gym.spaces.Box(
+            -np.inf, np.inf, (model.observation_dim,), np.float32
+        )
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (model.action_dim,), np.float32)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.state = np.array(self.initial[0], dtype=np.float64)
+
+    def _get_obs(self) -> npt.NDArray[np.float32]:
+        return self.state.astype(np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[npt.NDArray[np.float32], dict[str, Any]]:
+        super().reset(seed=seed)
+        self.state = np.array(
+            self.initial[int(self.np_random.integers(len(self.initial)))], dtype=np.float64
+        )
+        return self._get_obs(), {}
+
+    @torch.no_grad()
+    def step(
+        self, action: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], float, bool, bool, dict[str, Any]]:
+        obs = torch.as_tensor(self._get_obs()).unsqueeze(0)
+        act = torch.as_tensor(np.asarray(action, dtype=np.float32).reshape(1, -1))
+        next_obs, reward, terminal, uncertainty = self.model.mean_step(obs, act)
+        if self.model.config.penalty == "mobile":
+            assert self.value is not None
+            uncertainty = self.model.bellman_inconsistency(obs, act, self.value, self.generator)
+        raw, u = float(reward[0]), float(uncertainty[0])
+        penalised = raw - self.model.config.penalty_coefficient * u
+        inside = bool(((next_obs >= self.low) & (next_obs <= self.high)).all())
+        if not (inside and bool(torch.isfinite(next_obs).all()) and np.isfinite(penalised)):
+            raise ModelBoundsExit("the model's next state leaves the data's bounds")
+        self.state = next_obs[0].double().numpy()
+        info = {"raw_reward": raw, "uncertainty": u}
+        return self._get_obs(), penalised, bool(terminal[0] > 0.5), False, info
+
+
+def model_lookahead_rollout(
+    model: DynamicsEnsemble,
+    policy: RolloutPolicy,
+    config: RolloutConfig,
+    start_observations: npt.NDArray[np.float32],
+    *,
+    start_probabilities: npt.NDArray[np.float64] | None = None,
+    value: DiscountedValue | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> RolloutResult:
+    """``config.episodes`` episodes of the rollout algorithm's search in the model, each from a
+    drawn start observation and ``config.horizon`` steps long at most.
+
+    Rewards are the penalised ones the search compared. The result's ``simulator_steps`` is 0:
+    the model's steps (every candidate's) are ``meta["model_steps"]``, and the candidates that
+    left the data's bounds ``meta["left_bounds"]``; ``faults`` holds no model exits.
+    """
+    if config.horizon is None:
+        raise ValueError(
+            "a lookahead in the model needs rollout.horizon: the model has no time limit of its"
+            " own, and its error compounds with the episode's length"
+        )
+    control = next(kind for kind in STATE_KINDS if kind.name == "control")
+    starts = StartStates(control, {CONTROL_STATE_KEY: np.asarray(start_observations, np.float64)})
+    counter = iter(range(sys.maxsize))
+
+    def factory() -> ModelEnv:
+        return ModelEnv(model, start_observations, value, config.seed * 1009 + next(counter))
+
+    run = dataclasses.replace(config, start="dataset", max_faults=sys.maxsize)
+    result = lookahead_rollout(
+        policy, factory, run, start_states=starts, start_probabilities=start_probabilities
+    )
+    exits = [f for f in result.faults if f.kind == ModelBoundsExit.__name__]
+    data = result.transitions
+    transitions = dataclasses.replace(
+        data,
+        source=np.full(len(data), Source.MODEL, dtype=np.int8),
+        meta={
+            **data.meta,
+            **dict(meta or {}),
+            "format": "offaug-model-rollout",
+            "penalty": model.config.penalty,
+            "model_steps": result.simulator_steps,
+            "left_bounds": len(exits),
+        },
+    )
+    return dataclasses.replace(
+        result,
+        transitions=transitions,
+        faults=[f for f in result.faults if f.kind != ModelBoundsExit.__name__],
+        simulator_steps=0,
+    )
 
 
 def _range(model: DynamicsEnsemble) -> torch.Tensor:

@@ -321,8 +321,10 @@ class RolloutModel(StrictSection):
             " env's state is read and the candidates are simulated from it (the noiseless"
             " policy, and noisy windows followed by the policy), and the window of the one with"
             " the highest return over depth steps is committed. Every state an episode visits"
-            " then carries an improved action. Simulator backend, continuous actions, envs"
-            " whose state can be set (MuJoCo, classic control); filter 'none', tries 1."
+            " then carries an improved action. Simulator backend (envs whose state can be set:"
+            " MuJoCo, classic control) or model backend (the search runs in the ensemble's mean"
+            " prediction with the penalised reward, episodes start from dataset states and run"
+            " rollout.horizon steps); continuous actions; filter 'none', tries 1."
         ),
     )
     noise_calibration: NoiseCalibrationModel | None = Field(
@@ -412,8 +414,15 @@ class RolloutModel(StrictSection):
         """The search builds whole episodes itself: nothing else may select or budget them."""
         if self.lookahead is None:
             return
+        if self.backend == "model" and self.horizon is None:
+            raise ValueError(
+                "lookahead with backend 'model' searches in the learned ensemble, which has no"
+                " time limit of its own: set rollout.horizon (the steps of each episode, e.g. 50)"
+            )
+        if self.backend == "model" and self.tasks > self.episodes:
+            raise ValueError(f"tasks ({self.tasks}) must not exceed episodes ({self.episodes})")
         clashes = {
-            "backend": self.backend != "simulator",
+            "backend": self.backend not in ("simulator", "model"),
             "filter": self.filter != "none",
             "tries": self.tries > 1,
             "simulator_steps": self.simulator_steps is not None,
@@ -422,9 +431,10 @@ class RolloutModel(StrictSection):
         named = [name for name, clash in clashes.items() if clash]
         if named:
             raise ValueError(
-                "lookahead simulates its candidates in the dataset's simulator and commits the"
-                " best window itself: it needs backend 'simulator', filter 'none', tries 1, no"
-                f" simulator_steps and no noise_calibration (set: {', '.join(named)})"
+                "lookahead simulates its candidates (in the dataset's simulator, or the learned"
+                " ensemble) and commits the best window itself: it needs backend 'simulator' or"
+                " 'model', filter 'none', tries 1, no simulator_steps and no noise_calibration"
+                f" (set: {', '.join(named)})"
             )
 
     def _check_penalty(self) -> None:

@@ -155,12 +155,15 @@ def model_rollout_task(
 
     Start states are drawn as ``rollout.starts`` says (uniform, sparse, or where the ensemble
     disagrees at the dataset action); ``policy_model`` is as for :func:`rollout_tasks`, and its
-    own value is MOBILE's V(s') (``dynamics.penalty: mobile``).
+    own value is MOBILE's V(s') (``dynamics.penalty: mobile``). With ``rollout.lookahead`` the
+    task builds its share of ``rollout.episodes`` by the search in the model
+    (:func:`~offaug.pipeline.rollouts.model_rollouts.model_lookahead_rollout`), each at most
+    ``rollout.horizon`` steps, in place of ``dynamics.starts`` noisy rollouts.
     """
     # torch comes with these: imported when the task runs, not when a worker unpickles stages.
     from offaug.datasets.shards import write_shard
     from offaug.pipeline.models.dynamics import load_dynamics
-    from offaug.pipeline.rollouts.model_rollouts import model_rollout
+    from offaug.pipeline.rollouts.model_rollouts import model_lookahead_rollout, model_rollout
     from offaug.pipeline.rollouts.policies import load_rollout_policy
 
     original = load_transitions(data.source)
@@ -194,6 +197,30 @@ def model_rollout_task(
             "task_index": task_index,
         },
     }
+    Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
+    if config.lookahead is not None:
+        total, tasks = config.episodes, config.tasks
+        run = dataclasses.replace(
+            _rollout_config(data, config, seed),
+            episodes=total // tasks + (1 if task_index < total % tasks else 0),
+            seed=seed * 1000 + task_index,
+        )
+        searched = model_lookahead_rollout(
+            model,
+            policy,
+            run,
+            np.asarray(original.observations, dtype=np.float32),
+            start_probabilities=probabilities,
+            value=value,
+            meta=meta,
+        )
+        return RolloutShard(
+            write_shard(searched.transitions, shard_path),
+            searched.weight_stats,
+            len(searched.faults),
+            tuple(searched.episode_returns),
+            filter_record=searched.filter_record,
+        )
     out = model_rollout(
         model,
         policy,
@@ -206,7 +233,6 @@ def model_rollout_task(
         episode_filter=data_filter(original, config),
         value=value,
     )
-    Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     ref = write_shard(out, shard_path)
     returns = out.episode_returns()
     return RolloutShard(

@@ -259,3 +259,52 @@ def test_a_number_as_the_penalty_is_mopos_lambda(tmp_path: Path) -> None:
     )
     assert workflow.rollout.dynamics.penalty == "mopo"
     assert workflow.rollout.dynamics.penalty_coefficient == 0.25
+
+
+def test_the_search_in_the_model_commits_the_mean_prediction_and_never_loses(trained) -> None:
+    from offaug.pipeline.rollouts.config import Lookahead, RolloutConfig
+    from offaug.pipeline.rollouts.model_rollouts import model_lookahead_rollout
+
+    data, model = trained
+    starts = np.asarray(data.observations, dtype=np.float32)
+    config = RolloutConfig(
+        episodes=4,
+        n_envs=4,
+        noise=parse_noise("gaussian:0.3"),
+        seed=0,
+        horizon=12,
+        lookahead=Lookahead(candidates=4, window=3, depth=None),
+    )
+    out = model_lookahead_rollout(model, KnownHopperPolicy(), config, starts)
+    tr = out.transitions
+    assert (tr.source == 2).all() and out.simulator_steps == 0
+    assert tr.meta["model_steps"] > len(tr) and tr.meta["penalty"] == "mopo"
+    # Every committed step is the members' mean prediction, its reward penalised.
+    next_obs, reward, _, uncertainty = model.mean_step(
+        torch.as_tensor(tr.observations), torch.as_tensor(tr.actions)
+    )
+    np.testing.assert_allclose(tr.next_observations, next_obs.numpy(), atol=1e-4)
+    penalised = reward.numpy() - CONFIG.penalty_coefficient * uncertainty.numpy()
+    np.testing.assert_allclose(tr.rewards, penalised, rtol=1e-4, atol=1e-4)
+    for episode in tr.iter_episodes():
+        assert len(episode) <= 12
+        np.testing.assert_array_equal(episode.next_observations[:-1], episode.observations[1:])
+    # The model is deterministic here and the depth runs to the end: never below the policy.
+    record = out.filter_record
+    assert record is not None
+    for score, reference in zip(record.scores, record.references, strict=True):
+        assert score >= reference - 1e-3
+    with pytest.raises(ValueError, match=r"needs rollout\.horizon"):
+        model_lookahead_rollout(
+            model, KnownHopperPolicy(), dataclasses.replace(config, horizon=None), starts
+        )
+
+
+def test_a_lookahead_in_the_model_needs_a_horizon() -> None:
+    from pydantic import ValidationError
+
+    from offaug.pipeline.schema.rollout_section import RolloutModel
+
+    RolloutModel(backend="model", lookahead={}, horizon=50)
+    with pytest.raises(ValidationError, match=r"set rollout.horizon"):
+        RolloutModel(backend="model", lookahead={})

@@ -155,7 +155,7 @@ def test_lookahead_is_refused_where_it_cannot_run() -> None:
     with pytest.raises(ValidationError, match=r"filter 'none', tries 1.*set: filter, tries"):
         RolloutModel(lookahead={}, filter="policy", tries=4)
     with pytest.raises(ValidationError, match="set: backend"):
-        RolloutModel(lookahead={}, backend="model")
+        RolloutModel(lookahead={}, backend="diffusion")
     with pytest.raises(ValidationError, match="greater than or equal to 2"):
         RolloutModel(lookahead={"candidates": 1})
 
