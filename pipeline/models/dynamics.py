@@ -202,8 +202,7 @@ class DynamicsEnsemble:
         prediction = sample * target_std + self.stats["target_mean"]
         next_observations = observations + prediction[:, : self.observation_dim]
         rewards = prediction[:, -1]
-        # MOPO's penalty: the largest predicted std (in original units) over members.
-        uncertainty = torch.linalg.vector_norm(std * target_std, dim=-1).amax(0)
+        uncertainty = self._mopo_uncertainty(log_var)
         # Sampled, not thresholded: terminations are rare, and a 0.5 threshold would hide them.
         probability = torch.sigmoid(terminal_logit[member, batch])
         terminals = torch.rand(probability.shape, generator=generator) < probability
@@ -220,10 +219,14 @@ class DynamicsEnsemble:
         target_std = self.stats["target_std"]
         prediction = mean.mean(0) * target_std + self.stats["target_mean"]
         next_observations = observations + prediction[:, : self.observation_dim]
-        std = torch.exp(0.5 * log_var)
-        uncertainty = torch.linalg.vector_norm(std * target_std, dim=-1).amax(0)
         probability = torch.sigmoid(terminal_logit).mean(0)
-        return next_observations, prediction[:, -1], probability, uncertainty
+        return next_observations, prediction[:, -1], probability, self._mopo_uncertainty(log_var)
+
+    def _mopo_uncertainty(self, log_var: torch.Tensor) -> torch.Tensor:
+        """MOPO's penalty: the largest predicted std (in original units) over members,
+        ``(E, B, target) -> (B,)``."""
+        std = torch.exp(0.5 * log_var)
+        return torch.linalg.vector_norm(std * self.stats["target_std"], dim=-1).amax(0)
 
     @torch.no_grad()
     def bellman_inconsistency(
@@ -258,11 +261,12 @@ class DynamicsEnsemble:
         act = np.asarray(actions, dtype=np.float32).reshape(len(obs), -1)
         next_parts, reward_parts = [], []
         for start in range(0, len(obs), chunk):
-            batch = torch.tensor(obs[start : start + chunk])
-            mean, _, _ = self._predict(batch, torch.tensor(act[start : start + chunk]))
-            prediction = mean.mean(0) * self.stats["target_std"] + self.stats["target_mean"]
-            next_parts.append((batch + prediction[:, : self.observation_dim]).numpy())
-            reward_parts.append(prediction[:, -1].numpy())
+            # Copies: the data may be a read-only memory map, which torch must not wrap.
+            next_obs, rewards, _, _ = self.mean_step(
+                torch.tensor(obs[start : start + chunk]), torch.tensor(act[start : start + chunk])
+            )
+            next_parts.append(next_obs.numpy())
+            reward_parts.append(rewards.numpy())
         if not next_parts:
             return np.zeros((0, self.observation_dim), np.float32), np.zeros(0, np.float32)
         return np.concatenate(next_parts), np.concatenate(reward_parts)

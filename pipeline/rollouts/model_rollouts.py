@@ -31,6 +31,7 @@ step.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -91,8 +92,7 @@ def model_rollout(
     horizon = horizon or config.horizon
     if episode_filter is not None and start_rows is None:
         raise ValueError("the episode filter needs the start observations' dataset rows")
-    low = (model.stats["observation_low"] - config.bounds_margin * _range(model)).numpy()
-    high = (model.stats["observation_high"] + config.bounds_margin * _range(model)).numpy()
+    low, high = (bound.numpy() for bound in _bounds(model))
     noise_process = ContinuousNoise(noise, n, model.action_dim, rng)
     obs = to_tensor(start_observations, torch.device("cpu"))  # a copy: may be a read-only map
     alive = np.ones(n, dtype=bool)
@@ -182,8 +182,7 @@ class ModelEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
             raise ValueError("ModelEnv with MOBILE's penalty needs the learner's value")
         self.model, self.value = model, value
         self.initial = np.asarray(initial_observations, dtype=np.float32)
-        self.low = model.stats["observation_low"] - model.config.bounds_margin * _range(model)
-        self.high = model.stats["observation_high"] + model.config.bounds_margin * _range(model)
+        self.low, self.high = _bounds(model)
         self.observation_space = gym.spaces.Box(
             -np.inf, np.inf, (model.observation_dim,), np.float32
         )
@@ -247,7 +246,7 @@ def model_lookahead_rollout(
         )
     control = next(kind for kind in STATE_KINDS if kind.name == "control")
     starts = StartStates(control, {CONTROL_STATE_KEY: np.asarray(start_observations, np.float64)})
-    counter = iter(range(sys.maxsize))
+    counter = itertools.count()
 
     def factory() -> ModelEnv:
         return ModelEnv(model, start_observations, value, config.seed * 1009 + next(counter))
@@ -278,8 +277,12 @@ def model_lookahead_rollout(
     )
 
 
-def _range(model: DynamicsEnsemble) -> torch.Tensor:
-    return model.stats["observation_high"] - model.stats["observation_low"]
+def _bounds(model: DynamicsEnsemble) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lowest and highest states a model step may reach: the data's range, widened by the
+    config's margin on each side."""
+    low, high = model.stats["observation_low"], model.stats["observation_high"]
+    margin = model.config.bounds_margin * (high - low)
+    return low - margin, high + margin
 
 
 def _assemble(

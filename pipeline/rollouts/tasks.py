@@ -283,6 +283,12 @@ def filter_references(results: Sequence[RolloutShard]) -> dict[str, float | int 
     }
 
 
+def task_share(total: int, tasks: int, index: int) -> int:
+    """Task ``index``'s share of ``total`` (episodes, samples) split over ``tasks``: the first
+    ``total % tasks`` tasks take one more."""
+    return total // tasks + (1 if index < total % tasks else 0)
+
+
 def split_tasks(
     source: str,
     policy: str,
@@ -297,7 +303,7 @@ def split_tasks(
     budget = config.simulator_steps
     total = config.episodes if budget is None else budget
     tasks = max(1, min(tasks, total))
-    counts = [total // tasks + (1 if i < total % tasks else 0) for i in range(tasks)]
+    counts = [task_share(total, tasks, i) for i in range(tasks)]
 
     def share(count: int, i: int) -> RolloutConfig:
         seed = config.seed * 1000 + i

@@ -31,6 +31,7 @@ from offaug.pipeline.rollouts.tasks import (
     merge_rollout_shards,
     run_rollout_task,
     split_tasks,
+    task_share,
 )
 from offaug.pipeline.schema.rollout_section import RolloutModel
 
@@ -169,15 +170,12 @@ def model_rollout_task(
     original = load_transitions(data.source)
     model = load_dynamics(dynamics.path)
     model = _for_task(model, config, seed * 1000 + task_index)
-    rng = np.random.default_rng(seed * 1000 + task_index)
     probabilities = None
     if config.starts == "sparse":
         probabilities = start_probabilities(sparsity(original.observations))
     elif config.starts == "disagreement":
         spread = model.disagreement(original.observations, original.actions)
         probabilities = start_probabilities(spread)
-    rows = rng.choice(len(original), size=config.dynamics.starts, p=probabilities)
-    starts = np.asarray(original.observations[rows])
     policy = load_rollout_policy(bc.path, None if policy_model is None else policy_model.path)
     value = None
     if config.dynamics.penalty == "mobile":
@@ -199,10 +197,9 @@ def model_rollout_task(
     }
     Path(shard_path).parent.mkdir(parents=True, exist_ok=True)
     if config.lookahead is not None:
-        total, tasks = config.episodes, config.tasks
         run = dataclasses.replace(
             _rollout_config(data, config, seed),
-            episodes=total // tasks + (1 if task_index < total % tasks else 0),
+            episodes=task_share(config.episodes, config.tasks, task_index),
             seed=seed * 1000 + task_index,
         )
         searched = model_lookahead_rollout(
@@ -221,10 +218,12 @@ def model_rollout_task(
             tuple(searched.episode_returns),
             filter_record=searched.filter_record,
         )
+    rng = np.random.default_rng(seed * 1000 + task_index)
+    rows = rng.choice(len(original), size=config.dynamics.starts, p=probabilities)
     out = model_rollout(
         model,
         policy,
-        starts,
+        np.asarray(original.observations[rows]),
         noise=config.noise,
         max_weight=config.max_weight,
         meta=meta,
@@ -305,8 +304,7 @@ def diffusion_sample_task(
     from offaug.datasets.shards import write_shard
     from offaug.pipeline.models.diffusion import generate, load_diffusion
 
-    total, tasks = config.diffusion.samples, config.tasks
-    count = total // tasks + (1 if task_index < total % tasks else 0)
+    count = task_share(config.diffusion.samples, config.tasks, task_index)
     started = time.perf_counter()
     model = load_diffusion(denoiser.path)
     out = generate(model, count, diffusion_seed(config, seed) * 1000 + task_index, data.meta)
