@@ -62,6 +62,8 @@ from offaug.pipeline.rollouts.episodes import EpisodeStaging, simulator_transiti
 from offaug.pipeline.rollouts.noise import ContinuousNoise
 
 StateRow = dict[str, npt.NDArray[Any]]
+Outcome = tuple[npt.NDArray[Any], float, bool]
+"""One env step: the next observation, the reward and whether the episode terminated."""
 
 
 def lookahead_rollout(
@@ -301,44 +303,60 @@ class _Search:
             quiet = (candidate[rows] == 0) | (step >= window)
             if quiet.any():
                 chosen = at_centre(self.policy, self.noise, chosen, quiet, mean, log_std, centre)
+            outcomes = self._transitions(envs[rows], chosen.env_actions)
             for j, row in enumerate(rows.tolist()):
-                self._step(
+                self._record(
                     decision,
                     active,
                     observations,
-                    row,
-                    int(envs[row]),
-                    step,
-                    window,
-                    depth,
+                    (row, int(envs[row]), step),
+                    (window, depth),
                     (chosen, j),
+                    outcomes[j],
                 )
             active &= step + 1 < caps
             step += 1
         return decision
 
-    def _step(
+    def _transitions(
+        self, env_indices: npt.NDArray[np.int64], actions: npt.NDArray[Any]
+    ) -> list[Outcome | Exception]:
+        """Step the envs ``env_indices`` once each, with ``actions`` (one row each): by their
+        class's ``step_batch`` where it has one (one call for all), else env by env."""
+        envs = [self.envs[i] for i in env_indices.tolist()]
+        self.simulator_steps += len(envs)
+        step_batch = getattr(type(envs[0]), "step_batch", None)
+        if step_batch is not None:
+            return list(step_batch(envs, actions))
+        outcomes: list[Outcome | Exception] = []
+        for env, action in zip(envs, actions, strict=True):
+            try:
+                next_obs, reward, terminated, _, _ = env.step(action)
+            except Exception as exc:  # arbitrary environment code: this candidate is out
+                outcomes.append(exc)
+                continue
+            outcomes.append((np.asarray(next_obs), float(reward), bool(terminated)))
+        return outcomes
+
+    def _record(
         self,
         decision: _Decision,
         active: npt.NDArray[np.bool_],
         observations: npt.NDArray[np.float32],
-        row: int,
-        env_index: int,
-        step: int,
-        window: int,
-        depth: int,
+        where: tuple[int, int, int],
+        horizon: tuple[int, int],
         action: tuple[Any, int],
+        outcome: Outcome | Exception,
     ) -> None:
-        """Step candidate ``row`` once and record what it did."""
+        """Record what candidate ``row`` (on env ``env_index``, at search step ``step``) did:
+        ``where`` is (row, env_index, step), ``horizon`` (window, depth)."""
+        (row, env_index, step), (window, depth) = where, horizon
         chosen, j = action
-        env = self.envs[env_index]
-        self.simulator_steps += 1
-        try:
-            next_obs, reward, terminated, _, _ = env.step(chosen.env_actions[j])
-        except Exception as exc:  # arbitrary environment code: this candidate is out
-            self.faults.append(Fault(type(exc).__name__, str(exc), env_index, step))
+        if isinstance(outcome, Exception):
+            self.faults.append(Fault(type(outcome).__name__, str(outcome), env_index, step))
             self._fail(decision, active, row)
             return
+        next_obs, reward, terminated = outcome
         next_observation = np.asarray(next_obs, dtype=np.float32).reshape(-1)
         if not (np.isfinite(next_observation).all() and np.isfinite(reward)):
             self.faults.append(Fault("NonFinite", "NaN/inf observation or reward", env_index, step))
@@ -367,7 +385,7 @@ class _Search:
             if terminated:
                 decision.ended[row] = True
             elif step == window - 1:
-                decision.states[row] = read_state(env, self.state_kind)
+                decision.states[row] = read_state(self.envs[env_index], self.state_kind)
         observations[row] = next_observation
         if terminated:
             active[row] = False

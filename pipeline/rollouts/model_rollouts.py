@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -53,7 +53,7 @@ from offaug.pipeline.rollouts.behaviour import (
 from offaug.pipeline.rollouts.config import RolloutConfig, RolloutResult
 from offaug.pipeline.rollouts.data import EpisodeFilter
 from offaug.pipeline.rollouts.env_state import STATE_KINDS, StartStates
-from offaug.pipeline.rollouts.lookahead import lookahead_rollout
+from offaug.pipeline.rollouts.lookahead import Outcome, lookahead_rollout
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
 
 
@@ -163,8 +163,9 @@ class ModelEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
     classic-control env's (:mod:`offaug.pipeline.rollouts.env_state`, kind ``control``). A step
     is :meth:`DynamicsEnsemble.mean_step`: the members' mean next state, the reward penalised by
     the model config's uncertainty (MOPO's, or MOBILE's with ``value``), terminated where the
-    members' mean termination probability exceeds one half. ``info`` holds the raw reward and the
-    uncertainty. A reset starts from one of ``initial_observations``, drawn by the env's seed.
+    members' mean termination probability exceeds one half. :meth:`step_batch` steps many envs
+    of one model in one ensemble call (the search steps every candidate so). A reset starts from
+    one of ``initial_observations``, drawn by the env's seed.
 
     Raises (from :meth:`step`):
         ModelBoundsExit: the predicted next state is NaN or leaves the data's bounds (beyond
@@ -202,24 +203,45 @@ class ModelEnv(gym.Env[npt.NDArray[np.float32], npt.NDArray[np.float32]]):
         )
         return self._get_obs(), {}
 
-    @torch.no_grad()
     def step(
         self, action: npt.NDArray[np.float32]
     ) -> tuple[npt.NDArray[np.float32], float, bool, bool, dict[str, Any]]:
-        obs = torch.as_tensor(self._get_obs()).unsqueeze(0)
-        act = torch.as_tensor(np.asarray(action, dtype=np.float32).reshape(1, -1))
-        next_obs, reward, terminal, uncertainty = self.model.mean_step(obs, act)
-        if self.model.config.penalty == "mobile":
-            assert self.value is not None
-            uncertainty = self.model.bellman_inconsistency(obs, act, self.value, self.generator)
-        raw, u = float(reward[0]), float(uncertainty[0])
-        penalised = raw - self.model.config.penalty_coefficient * u
-        inside = bool(((next_obs >= self.low) & (next_obs <= self.high)).all())
-        if not (inside and bool(torch.isfinite(next_obs).all()) and np.isfinite(penalised)):
-            raise ModelBoundsExit("the model's next state leaves the data's bounds")
-        self.state = next_obs[0].double().numpy()
-        info = {"raw_reward": raw, "uncertainty": u}
-        return self._get_obs(), penalised, bool(terminal[0] > 0.5), False, info
+        outcome = self.step_batch([self], np.asarray(action, dtype=np.float32).reshape(1, -1))[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        observation, penalised, terminated = outcome
+        return observation, penalised, terminated, False, {}
+
+    @classmethod
+    @torch.no_grad()
+    def step_batch(
+        cls, envs: Sequence[ModelEnv], actions: npt.NDArray[np.float32]
+    ) -> list[Outcome | Exception]:
+        """One step of each of ``envs`` (all over one model), ``actions`` one row each, in one
+        ensemble call: what the search's :meth:`~._Search._transitions` calls. An env whose
+        step leaves the data's bounds gets a :class:`ModelBoundsExit` and keeps its state."""
+        first = envs[0]
+        if any(env.model is not first.model or env.value is not first.value for env in envs):
+            raise ValueError("ModelEnv.step_batch steps envs of one model and value only")
+        model = first.model
+        obs = torch.as_tensor(np.stack([env.state for env in envs]).astype(np.float32))
+        act = torch.as_tensor(np.asarray(actions, dtype=np.float32).reshape(len(envs), -1))
+        next_obs, reward, terminal, uncertainty = model.mean_step(obs, act)
+        if model.config.penalty == "mobile":
+            assert first.value is not None
+            uncertainty = model.bellman_inconsistency(obs, act, first.value, first.generator)
+        penalised = (reward - model.config.penalty_coefficient * uncertainty).double().numpy()
+        inside = ((next_obs >= first.low) & (next_obs <= first.high)).all(1)
+        valid = (inside & torch.isfinite(next_obs).all(1)).numpy() & np.isfinite(penalised)
+        states = next_obs.double().numpy()
+        outcomes: list[Outcome | Exception] = []
+        for b, env in enumerate(envs):
+            if not valid[b]:
+                outcomes.append(ModelBoundsExit("the model's next state leaves the data's bounds"))
+                continue
+            env.state = states[b].copy()
+            outcomes.append((env._get_obs(), float(penalised[b]), bool(terminal[b] > 0.5)))
+        return outcomes
 
 
 def model_lookahead_rollout(

@@ -308,3 +308,31 @@ def test_a_lookahead_in_the_model_needs_a_horizon() -> None:
     RolloutModel(backend="model", lookahead={}, horizon=50)
     with pytest.raises(ValidationError, match=r"set rollout.horizon"):
         RolloutModel(backend="model", lookahead={})
+
+
+def test_model_envs_stepped_together_equal_each_stepped_alone(trained) -> None:
+    from offaug.pipeline.rollouts.model_rollouts import ModelBoundsExit, ModelEnv
+
+    data, model = trained
+    starts = np.asarray(data.observations[:5], dtype=np.float32)
+    actions = np.array(data.actions[:5], dtype=np.float32)
+    actions[4] = 1e6  # far outside anything seen: the model's step leaves the data's bounds
+    together = [ModelEnv(model, starts[b : b + 1]) for b in range(5)]
+    alone = [ModelEnv(model, starts[b : b + 1]) for b in range(5)]
+    for env in (*together, *alone):
+        env.reset(seed=0)
+    outcomes = ModelEnv.step_batch(together, actions)
+    for b in range(4):
+        outcome = outcomes[b]
+        assert not isinstance(outcome, Exception)
+        observation, reward, terminated, _, _ = alone[b].step(actions[b])
+        np.testing.assert_allclose(outcome[0], observation, atol=1e-5)
+        assert outcome[1] == pytest.approx(reward, abs=1e-5) and outcome[2] == terminated
+        np.testing.assert_allclose(together[b].state, alone[b].state, atol=1e-5)
+    assert isinstance(outcomes[4], ModelBoundsExit)
+    np.testing.assert_array_equal(together[4].state, starts[4].astype(np.float64))
+    with pytest.raises(ModelBoundsExit):
+        alone[4].step(actions[4])
+    with pytest.raises(ValueError, match="one model"):
+        other = ModelEnv(copy.copy(model), starts[:1])
+        ModelEnv.step_batch([together[0], other], actions[:2])
