@@ -8,12 +8,19 @@ one core (torch uses one thread):
 * ``minari.DataCollector`` recording the same env driven by the same BC policy (one policy
   call per step, as a collector is used), then ``create_dataset``.
 
+And the rollout algorithm's search in a learned ensemble (``backend: model`` with
+``rollout.lookahead``): offaug's (every candidate of a search step in one ensemble call,
+``ModelEnv.step_batch``) against the same search stepping each candidate alone
+(``ModelEnv.step``, as any gymnasium env is stepped), the same model, policy and seed, so both
+make the same model steps.
+
 Usage: ``python benchmarks/bench_rollout.py [--quick]``; JSON lines on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import warnings
@@ -212,6 +219,109 @@ def _measure(
     )
 
 
+def _measure_model_lookahead(quick: bool, repeats: int, workdir: Path, reporter: Reporter) -> None:
+    import itertools
+
+    import numpy as np
+
+    from offaug.algorithms.training.checkpoints import load_trainer
+    from offaug.datasets import load_transitions
+    from offaug.datasets.generate import make_dataset
+    from offaug.datasets.transitions import CONTROL_STATE_KEY
+    from offaug.pipeline.models.dynamics import DynamicsConfig, train_dynamics
+    from offaug.pipeline.rollouts.config import Lookahead, RolloutConfig
+    from offaug.pipeline.rollouts.env_state import STATE_KINDS, StartStates
+    from offaug.pipeline.rollouts.lookahead import lookahead_rollout
+    from offaug.pipeline.rollouts.model_rollouts import ModelEnv, model_lookahead_rollout
+    from offaug.pipeline.rollouts.noise import parse_noise
+    from offaug.pipeline.rollouts.policies import BCRolloutPolicy
+
+    class OneByOne(ModelEnv):
+        """The baseline's env: the search finds no ``step_batch`` and steps it alone."""
+
+        step_batch = None  # type: ignore[assignment]
+
+        def step(self, action: Any) -> Any:
+            outcome = ModelEnv.step_batch([self], np.asarray(action).reshape(1, -1))[0]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return (*outcome, False, {})
+
+    env_id = "Hopper-v5"
+    made = make_dataset(
+        env_id,
+        "bench/hopper-random-v0",
+        episodes=40,
+        seed=7,
+        max_episode_steps=30,
+        root=workdir / "minari-model",
+    )
+    data = load_transitions(made.path)
+    # The model backend's default sizes, trained briefly: speed does not depend on its quality.
+    model, _ = train_dynamics(data, DynamicsConfig(steps=200, horizon=5, seed=0))
+    policy = BCRolloutPolicy(load_trainer(_bc_checkpoint(workdir, env_id), device="cpu"))
+    starts = np.asarray(data.observations, dtype=np.float32)
+    episodes = 8 if quick else 32
+    config = RolloutConfig(
+        episodes=episodes,
+        n_envs=episodes,
+        noise=parse_noise("gaussian:0.3"),
+        seed=0,
+        horizon=50,
+        lookahead=Lookahead(candidates=8, window=5, depth=30),
+    )
+    # What model_lookahead_rollout runs the search with: dataset starts, bounds exits as faults.
+    search = dataclasses.replace(config, start="dataset", max_faults=sys.maxsize)
+    control = next(kind for kind in STATE_KINDS if kind.name == "control")
+    steps: dict[str, int] = {}
+
+    def batched() -> float:
+        start = time.perf_counter()
+        result = model_lookahead_rollout(model, policy, config, starts)
+        elapsed = time.perf_counter() - start
+        steps["batched"] = int(result.transitions.meta["model_steps"])
+        return elapsed
+
+    def one_by_one() -> float:
+        counter = itertools.count()
+        start_states = StartStates(control, {CONTROL_STATE_KEY: starts.astype(np.float64)})
+        start = time.perf_counter()
+        result = lookahead_rollout(
+            policy,
+            lambda: OneByOne(model, starts, None, config.seed * 1009 + next(counter)),
+            search,
+            start_states=start_states,
+        )
+        elapsed = time.perf_counter() - start
+        steps["one_by_one"] = result.simulator_steps
+        return elapsed
+
+    times = interleave_many({"batched": batched, "one_by_one": one_by_one}, repeats)
+    if steps["batched"] != steps["one_by_one"]:
+        raise RuntimeError(f"the two searches made different model steps: {steps}")
+    reporter.emit(
+        throughput_record(
+            benchmark=f"model_lookahead_batched_{env_id}",
+            unit="model steps/s",
+            work=steps["batched"],
+            offaug_times=times["batched"],
+            baseline_times=times["one_by_one"],
+            baseline_name="the same search, each candidate stepped alone (ModelEnv.step)",
+            goal=None,
+            size={
+                "env": env_id,
+                "episodes": episodes,
+                "horizon": 50,
+                "candidates": 8,
+                "window": 5,
+                "depth": 30,
+                "model_steps": steps["batched"],
+            },
+            notes="the model backend's default ensemble; BC policy (256x256); one core",
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a minute")
@@ -230,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     with scratch_dir("rollout-") as workdir:
         for case in cases:
             _measure(case, args.quick, repeats, workdir, reporter)
+        _measure_model_lookahead(args.quick, repeats, workdir, reporter)
     return 0
 
 
