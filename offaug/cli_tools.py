@@ -122,6 +122,8 @@ def quality_table(name: str, report: dict[str, Any]) -> Table:
     rows = [
         ("state", kind),
         ("rows replayed (unset)", f"{state['rows_checked']} ({state['rows_unset']})"),
+        ("state error, median (σ units)", _cell((report.get("state_error") or {}).get("median"))),
+        ("state error, p95", _cell((report.get("state_error") or {}).get("p95"))),
         ("dynamics error, median (σ units)", _cell((report["dynamics_error"] or {}).get("median"))),
         ("dynamics error, p95", _cell((report["dynamics_error"] or {}).get("p95"))),
         ("reward error, mean", _cell((report["reward_error"] or {}).get("mean"))),

@@ -9,6 +9,9 @@ For any augmented data (simulator or model rollouts, generated samples, state-no
   the env's next observation, reward and termination are compared with the row's. Where no
   state can be had the report says so (``state.kind`` "not available" and ``state.reason``)
   instead of guessing;
+* the state error: how far each sampled row's observation is from the observation of the state
+  it was put back into (0 where the env can be in that state; a model's states that drift off
+  the ones the env can reach show here, and are left out of the dynamics errors);
 * novelty: each transition's distance to its nearest source transition in the (s, a, s') space
   standardised per dimension by the source, in units of the source's own median
   nearest-neighbour distance;
@@ -75,6 +78,7 @@ class _Stepped:
     """The checked rows' errors."""
 
     state: StateCheck
+    state_errors: FloatArray
     next_state_errors: FloatArray
     reward_errors: FloatArray
     terminal_mismatch: npt.NDArray[np.bool_]
@@ -125,6 +129,7 @@ def quality_report(
         "rows": len(augmented),
         "source_rows": len(source),
         "state": stepped.state,
+        "state_error": _summary(stepped.state_errors) if stepped.state_errors.size else None,
         "dynamics_error": _summary(stepped.next_state_errors)
         if stepped.next_state_errors.size
         else None,
@@ -169,7 +174,7 @@ def _step_rows(
             "rows_checked": 0,
             "rows_unset": 0,
         }
-        return _Stepped(state, empty, empty, np.zeros(0, dtype=bool))
+        return _Stepped(state, empty, empty, empty, np.zeros(0, dtype=bool))
 
     if not len(rows):
         return unavailable("no augmented rows")
@@ -193,7 +198,7 @@ def _step_rows(
                 return unavailable(str(exc), name)
             kind = "rebuilt"
         _, std = standardiser(flat(source.observations))
-        next_errors, reward_errors, mismatches = [], [], []
+        state_errors, next_errors, reward_errors, mismatches = [], [], [], []
         unset = 0
         for i, row in enumerate(rows):
             env.reset()
@@ -202,8 +207,10 @@ def _step_rows(
             except StateError as exc:
                 return unavailable(str(exc), name)
             observation = np.asarray(augmented.observations[row], dtype=np.float64).reshape(-1)
+            there = np.asarray(there, dtype=np.float64).reshape(-1)
+            state_errors.append(float(np.sqrt(np.mean(((there - observation) / std) ** 2))))
             tolerance = settings.observation_tolerance
-            if not np.allclose(there.reshape(-1), observation, rtol=tolerance, atol=tolerance):
+            if not np.allclose(there, observation, rtol=tolerance, atol=tolerance):
                 unset += 1
                 continue
             action = augmented.actions[row]
@@ -227,7 +234,11 @@ def _step_rows(
     if unset == len(rows):
         state["reason"] = "no set state gave back its row's observation"
     return _Stepped(
-        state, np.asarray(next_errors), np.asarray(reward_errors), np.asarray(mismatches, bool)
+        state,
+        np.asarray(state_errors),
+        np.asarray(next_errors),
+        np.asarray(reward_errors),
+        np.asarray(mismatches, bool),
     )
 
 

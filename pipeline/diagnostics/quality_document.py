@@ -106,6 +106,10 @@ class QualityReport(TypedDict):
     source_rows: int
     """Source transitions."""
     state: StateCheck
+    state_error: ErrorSummary | None
+    """Per checked row, the RMS over dimensions of ``(o_env - o) / sigma``: the observation of
+    the state the row was put into against the row's own. 0 where the env can be in the row's
+    state; rows above ``QualitySettings.observation_tolerance`` are ``state.rows_unset``."""
     dynamics_error: ErrorSummary | None
     """Per checked row, the RMS over dimensions of ``(s'_env - s') / sigma``, with sigma each
     observation dimension's std over the source: 0 for transitions the env would make."""

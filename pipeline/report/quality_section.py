@@ -2,7 +2,8 @@
 
 Reads each recipe's ``quality`` in ``metrics["recipes"]`` (one
 :class:`offaug.pipeline.diagnostics.quality_document.QualityReport` per augmented source): one
-row per recipe and source with the dynamics and reward errors in the true env, the novelty and
+row per recipe and source with the state error (how far its states are from ones the env can
+be in) and the dynamics and reward errors in the true env, the novelty and
 OOD share against the data, and terminal rates and reward per step of both; where the env's
 state could not be had, the row says why.
 """
@@ -19,6 +20,7 @@ QUALITY_HEADER = (
     "recipe",
     "source",
     "state",
+    "state error (median, σ units)",
     "dynamics error (median, σ units)",
     "reward error (mean)",
     "terminal mismatch",
@@ -47,6 +49,7 @@ def quality_row(recipe: str, source: str, report: Mapping[str, Any]) -> list[str
         html.escape(recipe),
         html.escape(source),
         kind,
+        number(get(report, "state_error", "median")),
         number(get(report, "dynamics_error", "median")),
         number(get(report, "reward_error", "mean")),
         percent(report.get("terminal_mismatch")),

@@ -9,11 +9,18 @@ import numpy as np
 import pytest
 
 from offaug.datasets import load_transitions
+from offaug.pipeline.diagnostics.coverage import standardiser
 from offaug.pipeline.diagnostics.quality import QualitySettings, quality_report
+from offaug.pipeline.diagnostics.sampling import sample_indices
 from offaug.pipeline.report import render_html
 from offaug.pipeline.rollouts.env_state import load_with_states
 
 SMALL = QualitySettings(max_rows=300, max_states=2000)
+
+
+def _sampled_rows(n: int) -> np.ndarray:
+    """The rows quality_report steps with SMALL: its first draw from its seed's generator."""
+    return sample_indices(n, SMALL.max_rows, np.random.default_rng(SMALL.seed))
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +43,7 @@ def test_real_transitions_replay_exactly_from_recorded_states(hopper) -> None:
         "rows_unset": 0,
     }
     # Float tolerance: the dataset stores float32 observations.
+    assert report["state_error"]["max"] < 1e-5
     assert report["dynamics_error"]["max"] < 1e-5
     assert report["reward_error"]["max"] < 1e-5
     assert report["terminal_mismatch"] == 0.0
@@ -90,6 +98,31 @@ def test_pendulum_state_is_rebuilt_from_cos_sin_and_rate(make_test_dataset) -> N
     assert report["state"]["kind"] == "rebuilt" and report["state"]["rows_unset"] == 0
     assert report["dynamics_error"]["max"] < 1e-5
     assert report["reward_error"]["max"] < 1e-5
+
+
+def test_states_off_the_ones_the_env_can_be_in_show_as_a_state_error(make_test_dataset) -> None:
+    """Pendulum's observation (cos, sin, rate) scaled off the unit circle, as a model's long
+    rollouts drift: the rebuilt angle's observation is on the circle, so the state error is the
+    scaling's, every such row is unset and left out of the dynamics error."""
+    source = load_transitions(make_test_dataset("pendulum", "hdf5").dataset_id)
+    observations = np.array(source.observations, dtype=np.float32)
+    off = np.arange(len(source)) % 3 == 0  # a third of the rows, 20 % off the circle
+    observations[off, :2] *= 1.2
+    drifted = dataclasses.replace(source, observations=observations)
+    report = quality_report(drifted, source, settings=SMALL)
+    state = report["state"]
+    sampled = _sampled_rows(len(source))
+    moved = sampled[off[sampled]]
+    assert state["rows_unset"] == len(moved) and 0 < len(moved) < state["rows_checked"]
+    _, std = standardiser(np.asarray(source.observations, dtype=np.float64))
+    # The rebuilt state's observation is the row's on the circle (its angle's cos and sin, the
+    # rate unchanged): the gap in the first two of the three dimensions.
+    row = observations[moved].astype(np.float64)
+    on_circle = row[:, :2] / np.hypot(row[:, 0], row[:, 1])[:, None]
+    gaps = np.sqrt(np.sum(((on_circle - row[:, :2]) / std[:2]) ** 2, axis=1) / 3)
+    assert report["state_error"]["max"] == pytest.approx(gaps.max(), rel=1e-3)
+    assert report["state_error"]["median"] < 1e-5  # two thirds of the rows are untouched
+    assert report["dynamics_error"]["max"] < 1e-5  # only the rows on the circle are stepped
 
 
 def test_without_a_state_the_report_says_why(make_test_dataset) -> None:
