@@ -198,7 +198,14 @@ def workflow_document(
     document["seed"] = seeds[0]
     document["bc"]["steps"] = sizes.bc_steps
     document["rollout"]["episodes"] = sizes.rollout_episodes
-    document["train"]["steps"] = sizes.train_steps or spec.train_steps
+    # A recipe's own train.steps is a multiple of the template's: scaled with the dataset's
+    # budget (and --quick's), so a recipe that trains three rounds' worth stays three.
+    steps, template_steps = sizes.train_steps or spec.train_steps, document["train"]["steps"]
+    document["train"]["steps"] = steps
+    for overrides in document["recipes"].values():
+        train = (overrides or {}).get("train", {})
+        if "steps" in train:
+            train["steps"] = round(train["steps"] * steps / template_steps)
     for learner, overrides in spec.configs.items():
         document["train"]["configs"].setdefault(learner, {}).update(overrides)
     document["evaluation"]["episodes"] = sizes.eval_episodes

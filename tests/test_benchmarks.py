@@ -206,6 +206,18 @@ def test_every_augmentation_benchmark_workflow_validates(tmp_path: Path) -> None
     # --quick: a recipe's own episodes cut to 4 starts of its tries.
     assert document["recipes"]["bc-best8-r3"]["rollout"]["episodes"] == 4 * 8
     assert document["rollout"]["diffusion"] == {"steps": 300, "samples": 4096}
+    # A recipe's own steps scale with the dataset's budget: 9,000 is three of the template's
+    # 3,000, so three of --quick's 500 and of Hopper's 10,000.
+    template = yaml.safe_load(bench.TEMPLATE.read_text())
+    assert template["train"]["steps"] == 3000
+    assert template["recipes"]["bc-modellook8w5-r1-9k"]["train"]["steps"] == 9000
+    for name, sizes, expected in (
+        ("pendulum-medium", bench.QUICK, 1500),
+        ("pendulum-medium", bench.FULL, 9000),
+        ("hopper-medium-thin", bench.FULL, 30000),
+    ):
+        document = bench.workflow_document(name, tmp_path, [0], sizes, 2)
+        assert document["recipes"]["bc-modellook8w5-r1-9k"]["train"]["steps"] == expected
     with pytest.raises(ValueError, match="no recipe nope"):
         bench.workflow_document("pendulum-medium", tmp_path, [0], bench.QUICK, 2, ["nope"])
 
@@ -219,6 +231,10 @@ def test_the_simulator_free_recipes_are_those_without_env_steps() -> None:
         "model-mopo",
         "model-mobile",
         "bc-modellook8w5-r3",
+        "bc-modellook8w5-r1-9k",
+        "bc-modellook8w5-r2-4500",
+        "bc-modellook8w5-r1-23k",
+        "bc-modellook8w5-r3-h20",
         "state-noise",
     ]
     document["rollout"]["backend"] = "model"  # a recipe inherits the workflow's backend
