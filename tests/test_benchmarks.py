@@ -235,6 +235,7 @@ def test_the_simulator_free_recipes_are_those_without_env_steps() -> None:
         "bc-modellook8w5-r2-4500",
         "bc-modellook8w5-r1-23k",
         "bc-modellook8w5-r3-h20",
+        "bc-modellook8w5-r1-9k-pen5",
         "state-noise",
     ]
     document["rollout"]["backend"] = "model"  # a recipe inherits the workflow's backend
