@@ -27,7 +27,8 @@ by more seeds (``--seeds``) or more recipes (edit the template) without retraini
 
 Usage: ``python benchmarks/bench_augmentation.py [--quick] [--datasets a,b] [--seeds 0,1,2]
 [--recipes a,b] [--workers 2] [--out DIR]``; JSON lines on stdout. ``--recipes`` runs a subset of
-the template's recipes (the plain arms are always trained).
+the template's recipes (the plain arms are always trained); ``--quick`` runs
+:data:`QUICK_RECIPES` unless it is given.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ DATASETS_GOAL = 3
 SIMULATOR_FREE_GOAL = 2
 """Thin versions (of four) on which the best simulator-free recipe must win (issue 34)."""
 HELPS_PROBABILITY = 0.75
+"""P(improvement) a win also needs, beside an interval above 0."""
+QUICK_RECIPES = ("default", "bc-best8-r3", "bc-look8w5-r3", "bc-modellook8w5-r3")
+"""What --quick runs unless --recipes says otherwise: every kind of record (the default
+recipe, the quickstart's, the best measured with a simulator and without one) in under five
+minutes on two cores; the template's every recipe takes over ten."""
 """P(improvement) a win also needs, beside an interval above 0."""
 
 
@@ -420,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", default="", help="comma-separated training seeds")
     parser.add_argument(
-        "--recipes", default="", help="comma-separated recipes of the template (default: all)"
+        "--recipes",
+        default="",
+        help="comma-separated recipes of the template (default: all; --quick: four)",
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
@@ -458,7 +466,12 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         source, fingerprint = _dataset_path(name.removesuffix("-thin"), name.endswith("-thin"))
         document = workflow_document(
-            name, source, seeds, sizes, args.workers, pick(args.recipes, []) or None
+            name,
+            source,
+            seeds,
+            sizes,
+            args.workers,
+            pick(args.recipes, list(QUICK_RECIPES) if args.quick else []) or None,
         )
         metrics = run_workflow_file(document, root / name)
         size = {

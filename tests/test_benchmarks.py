@@ -218,6 +218,9 @@ def test_every_augmentation_benchmark_workflow_validates(tmp_path: Path) -> None
     ):
         document = bench.workflow_document(name, tmp_path, [0], sizes, 2)
         assert document["recipes"]["bc-modellook8w5-r1-9k"]["train"]["steps"] == expected
+    # --quick's recipes are the template's.
+    template_recipes = set(template["recipes"])
+    assert set(bench.QUICK_RECIPES) <= template_recipes and "default" in bench.QUICK_RECIPES
     with pytest.raises(ValueError, match="no recipe nope"):
         bench.workflow_document("pendulum-medium", tmp_path, [0], bench.QUICK, 2, ["nope"])
 
@@ -236,6 +239,8 @@ def test_the_simulator_free_recipes_are_those_without_env_steps() -> None:
         "bc-modellook8w5-r1-23k",
         "bc-modellook8w5-r3-h20",
         "bc-modellook8w5-r1-9k-pen5",
+        "bc-modellook8w5-r3-inv",
+        "bc-modellook8w5-r1-9k-inv",
         "state-noise",
     ]
     document["rollout"]["backend"] = "model"  # a recipe inherits the workflow's backend

@@ -330,8 +330,8 @@ class Planner:
         extra = () if policy is None else (Ref(policy),)
         dynamics = None
         if rollout.backend == "model":
-            # Keyed by what training reads: recipes that differ only in the penalty, horizon or
-            # starts share one ensemble (named after the first).
+            # Keyed by what training reads: recipes that differ only in the penalty, projection,
+            # horizon or starts share one ensemble (named after the first).
             trained = rollout.dynamics.model_dump(include={"members", "hidden", "steps"})
             dynamics = self.plan.add(
                 StageSpec(

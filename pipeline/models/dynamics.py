@@ -18,6 +18,10 @@ it and reports the ensemble's uncertainty ``u(s, a)``, by which a model rollout
   (:class:`DiscountedValue`), so only a learner with a value
   can roll out with it (the coefficient is the paper's beta).
 
+With ``invariants`` every predicted next state is projected onto the quadratic functions of the
+observation the data keeps constant (:mod:`offaug.pipeline.models.invariants`: Pendulum's
+cos² + sin² = 1), so a long rollout stays on the states the env can be in.
+
 :meth:`DynamicsEnsemble.disagreement` scores dataset states for ``disagreement`` starts,
 :meth:`DynamicsEnsemble.expected_step` gives the members' mean prediction (for quality reports)
 and :meth:`DynamicsEnsemble.mean_step` the same with its uncertainty, for the search in the model
@@ -39,6 +43,7 @@ from torch.nn import functional as F
 from offaug.algorithms.base import Spaces, adam, config_from_json, load_checkpoint, save_checkpoint
 from offaug.algorithms.nn.networks import EnsembleMLP
 from offaug.datasets.transitions import Transitions
+from offaug.pipeline.models.invariants import QuadraticInvariants, find_invariants
 
 PenaltyKind = Literal["mopo", "mobile"]
 """The uncertainty a model rollout's reward is penalised by (the module docstring says each)."""
@@ -82,6 +87,9 @@ class DynamicsConfig:
     """States may exceed the dataset's range by this share of it before a rollout stops."""
     seed: int = 0
     """Seed of initialisation, bootstrap draws and rollouts."""
+    invariants: bool = False
+    """Project every predicted next state onto the data's quadratic invariants
+    (:mod:`offaug.pipeline.models.invariants`); a dataset without any is unchanged."""
 
 
 def mobile_penalty(rewards: torch.Tensor, next_values: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -108,6 +116,7 @@ class DynamicsEnsemble:
         action_dim: int,
         config: DynamicsConfig,
         statistics: Mapping[str, npt.NDArray[Any]],
+        invariants: QuadraticInvariants | None = None,
     ) -> None:
         self.config = config
         self.observation_dim = observation_dim
@@ -126,6 +135,9 @@ class DynamicsEnsemble:
         self.stats = {
             k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in statistics.items()
         }
+        self.invariants = invariants
+        """The data's quadratic invariants (None: not known, as in a model saved before they
+        were kept); predictions are projected onto them where ``config.invariants``."""
 
     def _predict(
         self, observations: torch.Tensor, actions: torch.Tensor
@@ -200,7 +212,9 @@ class DynamicsEnsemble:
         noise = torch.randn(mean.shape[1:], generator=generator)
         sample = mean[member, batch] + std[member, batch] * noise  # (B, target)
         prediction = sample * target_std + self.stats["target_mean"]
-        next_observations = observations + prediction[:, : self.observation_dim]
+        next_observations = self._on_invariants(
+            observations + prediction[:, : self.observation_dim]
+        )
         rewards = prediction[:, -1]
         uncertainty = self._mopo_uncertainty(log_var)
         # Sampled, not thresholded: terminations are rare, and a 0.5 threshold would hide them.
@@ -218,9 +232,17 @@ class DynamicsEnsemble:
         mean, log_var, terminal_logit = self._predict(observations, actions)  # (E, B, .)
         target_std = self.stats["target_std"]
         prediction = mean.mean(0) * target_std + self.stats["target_mean"]
-        next_observations = observations + prediction[:, : self.observation_dim]
+        next_observations = self._on_invariants(
+            observations + prediction[:, : self.observation_dim]
+        )
         probability = torch.sigmoid(terminal_logit).mean(0)
         return next_observations, prediction[:, -1], probability, self._mopo_uncertainty(log_var)
+
+    def _on_invariants(self, next_observations: torch.Tensor) -> torch.Tensor:
+        """Predicted next states, projected onto the data's invariants where the config asks."""
+        if not self.config.invariants or self.invariants is None:
+            return next_observations
+        return self.invariants.project(next_observations)
 
     def _mopo_uncertainty(self, log_var: torch.Tensor) -> torch.Tensor:
         """MOPO's penalty: the largest predicted std (in original units) over members,
@@ -296,6 +318,15 @@ class DynamicsEnsemble:
             "min_log_var": self.min_log_var.detach(),
             "stats": self.stats,
             "dims": torch.tensor([self.observation_dim, self.action_dim]),
+            **(
+                {}
+                if self.invariants is None
+                else {
+                    "invariants": {
+                        k: torch.as_tensor(v) for k, v in self.invariants.statistics().items()
+                    }
+                }
+            ),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -305,6 +336,7 @@ class DynamicsEnsemble:
             self.max_log_var.copy_(state["max_log_var"])
             self.min_log_var.copy_(state["min_log_var"])
         self.stats = dict(state["stats"])
+        self.invariants = QuadraticInvariants.from_statistics(state.get("invariants", {}))
 
 
 def _training_tensors(data: Transitions) -> dict[str, torch.Tensor]:
@@ -342,8 +374,13 @@ def train_dynamics(
     config = config or DynamicsConfig()
     if data.is_discrete_action:
         raise ValueError("the dynamics ensemble needs continuous actions")
+    states = np.concatenate([data.observations, data.next_observations])
     model = DynamicsEnsemble(
-        data.observations.shape[1], data.actions.shape[1], config, dataset_statistics(data)
+        data.observations.shape[1],
+        data.actions.shape[1],
+        config,
+        dataset_statistics(data),
+        find_invariants(states),
     )
     return model, model.fit(data)
 

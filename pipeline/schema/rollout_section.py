@@ -74,6 +74,15 @@ class DynamicsModel(StrictSection):
         10, gt=0, description="MOBILE: draws of (s', r) per member averaged in its target."
     )
     starts: int = Field(1000, gt=0, description="Dataset states to branch from per task.")
+    invariants: bool = Field(
+        False,
+        description=(
+            "Project every predicted next state onto the quadratic functions of the observation"
+            " that the data keeps constant (Pendulum's cos^2 + sin^2 = 1; none in most MuJoCo"
+            " observations, which are then unchanged), so long rollouts and the search in the"
+            " model stay on states the env can be in."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -329,8 +329,8 @@ def diffusion_sample_task(
 
 
 def _for_task(model: Any, config: RolloutModel, seed: int) -> Any:
-    # The penalty and horizon are the workflow's, whichever settings the ensemble was trained
-    # with (recipes that differ only in them share one ensemble).
+    # The penalty, horizon and projection are the workflow's, whichever settings the ensemble
+    # was trained with (recipes that differ only in them share one ensemble).
     dyn = config.dynamics
     model.config = dataclasses.replace(
         model.config,
@@ -339,6 +339,7 @@ def _for_task(model: Any, config: RolloutModel, seed: int) -> Any:
         penalty=dyn.penalty,
         penalty_coefficient=dyn.penalty_coefficient,
         mobile_samples=dyn.mobile_samples,
+        invariants=dyn.invariants,
     )
     return model
 
