@@ -72,7 +72,6 @@ QUICK_RECIPES = ("default", "bc-best8-r3", "bc-look8w5-r3", "bc-modellook8w5-r3"
 """What --quick runs unless --recipes says otherwise: every kind of record (the default
 recipe, the quickstart's, the best measured with a simulator and without one) in under five
 minutes on two cores; the template's every recipe takes over ten."""
-"""P(improvement) a win also needs, beside an interval above 0."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -311,23 +311,17 @@ class DynamicsEnsemble:
         return np.concatenate(spread) if spread else np.zeros(0)
 
     def state_dict(self) -> dict[str, Any]:
-        """Weights and normalisation statistics."""
-        return {
+        """Weights and normalisation statistics (and the data's invariants, where known)."""
+        state: dict[str, Any] = {
             "net": self.net.state_dict(),
             "max_log_var": self.max_log_var.detach(),
             "min_log_var": self.min_log_var.detach(),
             "stats": self.stats,
             "dims": torch.tensor([self.observation_dim, self.action_dim]),
-            **(
-                {}
-                if self.invariants is None
-                else {
-                    "invariants": {
-                        k: torch.as_tensor(v) for k, v in self.invariants.statistics().items()
-                    }
-                }
-            ),
         }
+        if self.invariants is not None:
+            state["invariants"] = self.invariants.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
@@ -336,7 +330,9 @@ class DynamicsEnsemble:
             self.max_log_var.copy_(state["max_log_var"])
             self.min_log_var.copy_(state["min_log_var"])
         self.stats = dict(state["stats"])
-        self.invariants = QuadraticInvariants.from_statistics(state.get("invariants", {}))
+        # Checkpoints from before invariants were kept have none.
+        saved = state.get("invariants")
+        self.invariants = None if saved is None else QuadraticInvariants.from_state_dict(saved)
 
 
 def _training_tensors(data: Transitions) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ integrators project a step back onto a constraint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import numpy as np
@@ -39,7 +40,6 @@ ROWS_PER_FEATURE = 10
 sample's."""
 CONSTANT_SCALE = 1e-6
 """Observation dimensions with a smaller standard deviation are left out (constant)."""
-_STATS_PREFIX = "invariant_"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +62,15 @@ class QuadraticInvariants:
         """How many invariants there are (0: the projection is the identity)."""
         return int(self.weights.shape[0])
 
+    @functools.cached_property
     def _pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (i, j), i <= j, of the product features, in their order."""
         first, second = torch.triu_indices(len(self.dimensions), len(self.dimensions))
         return first, second
 
     def _features(self, z: torch.Tensor) -> torch.Tensor:
         """``(B, m) -> (B, F)``: the standardised values, then their products ``z_i z_j``."""
-        first, second = self._pairs()
+        first, second = self._pairs
         return torch.cat([z, z[:, first] * z[:, second]], 1)
 
     def violation(self, observations: torch.Tensor) -> torch.Tensor:
@@ -82,7 +84,7 @@ class QuadraticInvariants:
         every state when there are none, unchanged."""
         if self.count == 0:
             return observations
-        first, second = self._pairs()
+        first, second = self._pairs
         m = len(self.dimensions)
         z = (observations[:, self.dimensions].double() - self.mean) / self.scale  # (B, m)
         eye = torch.eye(m, dtype=z.dtype)
@@ -101,25 +103,14 @@ class QuadraticInvariants:
         projected[:, self.dimensions] = (z * self.scale + self.mean).to(observations.dtype)
         return projected
 
-    def statistics(self) -> dict[str, npt.NDArray[np.float64]]:
-        """The invariants as arrays to keep with a model's normalisation statistics."""
-        return {
-            f"{_STATS_PREFIX}{field.name}": getattr(self, field.name).numpy()
-            for field in dataclasses.fields(self)
-        }
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The invariants' tensors, by field, to keep in a model's checkpoint."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
     @classmethod
-    def from_statistics(
-        cls, statistics: Mapping[str, npt.NDArray[np.generic] | torch.Tensor]
-    ) -> QuadraticInvariants | None:
-        """The invariants :meth:`statistics` wrote, or None where there are none (a model
-        saved before invariants were kept)."""
-        names = [f"{_STATS_PREFIX}{field.name}" for field in dataclasses.fields(cls)]
-        if not all(name in statistics for name in names):
-            return None
-        arrays = [torch.as_tensor(np.asarray(statistics[name])) for name in names]
-        dimensions, *rest = arrays
-        return cls(dimensions.long(), *(a.double() for a in rest))
+    def from_state_dict(cls, state: Mapping[str, torch.Tensor]) -> QuadraticInvariants:
+        """Restore :meth:`state_dict`."""
+        return cls(**{field.name: state[field.name] for field in dataclasses.fields(cls)})
 
 
 def find_invariants(observations: npt.ArrayLike, tolerance: float = 1e-12) -> QuadraticInvariants:
