@@ -47,7 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DATA_DIR, Reporter, data_fingerprint, log, protect_stdout
+from _common import DATA_DIR, Reporter, data_fingerprint, load_records, log, protect_stdout
 
 TEMPLATE = Path(__file__).resolve().parent / "augmentation.yaml"
 CHEAP_CQL = {"n_action_samples": 4, "batch_size": 128}
@@ -343,8 +343,21 @@ def _record(
 
 
 def _summary(
-    benchmark: str, won: list[str], measured: list[str], goal: int, seeds: list[int], note: str
+    benchmark: str,
+    won: list[str],
+    group: list[dict[str, Any]],
+    goal: int,
+    note: str,
+    joined: dict[str, str],
 ) -> dict[str, Any]:
+    measured = [r["size"]["dataset"] for r in group]
+    # The seeds every dataset counted was measured with.
+    seeds = sorted(set.intersection(*(set(r["seeds"]) for r in group)))
+    from_earlier = {name: joined[name] for name in measured if name in joined}
+    if from_earlier:
+        note += "; from earlier records: " + ", ".join(
+            f"{name} ({when})" for name, when in from_earlier.items()
+        )
     return {
         "benchmark": benchmark,
         "unit": "datasets",
@@ -356,13 +369,34 @@ def _summary(
         "goal_met": len(won) >= goal if goal else not won,
         "repeats": len(seeds),
         "seeds": seeds,
-        "size": {"datasets": measured, "counted": won},
+        "size": {"datasets": measured, "counted": won, "earlier": from_earlier},
         "notes": note,
     }
 
 
-def summary_records(records: list[dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
-    """Datasets won (full and thin) and datasets where the default recipe loses."""
+def earlier_records(path: Path, measured: set[str]) -> list[dict[str, Any]]:
+    """The per-dataset records in ``path`` (JSON lines or ``results.json``) of datasets that
+    ``measured`` does not hold, for :func:`summary_records` to count beside this run's: a study
+    spread over several runs (each with its own ``--datasets``) is summarised as one."""
+    kept = []
+    for record in load_records(path):
+        size = record.get("size")
+        name = size.get("dataset") if isinstance(size, dict) else None
+        if (
+            str(record.get("benchmark", "")).startswith("augmentation_")
+            and isinstance(name, str)
+            and name not in measured
+        ):
+            kept.append(record)
+    return kept
+
+
+def summary_records(
+    records: list[dict[str, Any]], joined: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Datasets won (full and thin) and datasets where the default recipe loses; ``joined``:
+    the datasets whose records came from an earlier run (:func:`earlier_records`), and when."""
+    joined = joined or {}
 
     def kind(record: dict[str, Any]) -> str:
         for prefix in ("augmentation_default_", "augmentation_simfree_"):
@@ -392,11 +426,11 @@ def summary_records(records: list[dict[str, Any]], seeds: list[int]) -> list[dic
                 _summary(
                     benchmark,
                     [r["size"]["dataset"] for r in group if r["goal_met"]],
-                    [r["size"]["dataset"] for r in group],
+                    group,
                     goal,
-                    seeds,
                     f"datasets where the {what} augmented arm beats the best plain learner at"
                     " its total gradient steps or fewer (interval > 0, P >= 0.75)",
+                    joined,
                 )
             )
     if defaults:
@@ -404,11 +438,11 @@ def summary_records(records: list[dict[str, Any]], seeds: list[int]) -> list[dic
             _summary(
                 "augmentation_default_never_loses",
                 [r["size"]["dataset"] for r in defaults if r["loses"]],
-                [r["size"]["dataset"] for r in defaults],
+                defaults,
                 0,
-                seeds,
                 "datasets where the default recipe loses to the best plain learner (the"
                 " interval of the difference lies below 0); goal: none",
+                joined,
             )
         )
     return out
@@ -435,6 +469,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="where the runs go (default: a new folder under the benchmark data directory);"
         " a rerun into the same folder skips every finished stage",
+    )
+    parser.add_argument(
+        "--with-records",
+        type=Path,
+        help="an earlier run's output or results.json: its records of datasets this run does"
+        " not measure count in the datasets-won summaries (a study run dataset by dataset)",
     )
     args = parser.parse_args(argv)
     out = protect_stdout()
@@ -487,7 +527,12 @@ def main(argv: list[str] | None = None) -> int:
             record["absolute"]["seconds"] = time.perf_counter() - started
             reporter.emit(record)
             records.append(record)
-    for record in summary_records(records, seeds):
+    joined: dict[str, str] = {}
+    if args.with_records is not None:
+        earlier = earlier_records(args.with_records, {r["size"]["dataset"] for r in records})
+        joined = {r["size"]["dataset"]: str(r.get("measured", args.with_records)) for r in earlier}
+        records += earlier
+    for record in summary_records(records, joined):
         reporter.emit(record)
     return 0
 

@@ -247,7 +247,7 @@ def test_the_simulator_free_recipes_are_those_without_env_steps() -> None:
     assert "default" in bench.simulator_free(document)
 
 
-def test_augmentation_records_are_read_from_metrics_json() -> None:
+def test_augmentation_records_are_read_from_metrics_json(tmp_path: Path) -> None:
     """The records restate metrics.json's comparison; the default recipe is judged with the
     product's own judge against the best plain arm at its steps."""
     from offaug.pipeline.contracts import PLAIN, baseline_recipe
@@ -302,9 +302,35 @@ def test_augmentation_records_are_read_from_metrics_json() -> None:
     assert simfree["absolute"]["augmented"]["recipe"] == "diffusion"
     assert simfree["absolute"]["plain"]["steps"] == 3000
     assert simfree["outcome"] == "inconclusive" and not simfree["goal_met"]
-    summary = bench.summary_records([best, default, simfree], [0, 1, 2, 3, 4])
+    summary = bench.summary_records([best, default, simfree])
     assert [(r["benchmark"], r["offaug"], r["goal"]) for r in summary] == [
         ("augmentation_thin_datasets_won", 1, bench.DATASETS_GOAL),
         ("augmentation_simfree_thin_datasets_won", 0, bench.SIMULATOR_FREE_GOAL),
         ("augmentation_default_never_loses", 1, 0),
     ]
+    assert all(r["seeds"] == [0, 1, 2, 3, 4] and r["repeats"] == 5 for r in summary)
+
+    # A study run dataset by dataset: an earlier report's records of another dataset count in
+    # the summaries (its own seeds too: only those both measured are stated), this run's
+    # dataset is never taken from it, and summaries are not records of a dataset.
+    earlier_simfree = {
+        **simfree,
+        "benchmark": "augmentation_simfree_hopper-medium-thin",
+        "size": {"dataset": "hopper-medium-thin"},
+        "goal_met": True,
+        "seeds": [0, 1, 2],
+        "measured": "2026-12-01T00:00:00+00:00",
+    }
+    stale = {**simfree, "goal_met": True}
+    report = tmp_path / "results.json"
+    report.write_text(json.dumps({"results": [earlier_simfree, stale, *summary]}))
+    earlier = bench.earlier_records(report, {"pendulum-medium-thin"})
+    assert [r["benchmark"] for r in earlier] == ["augmentation_simfree_hopper-medium-thin"]
+    joined = {"hopper-medium-thin": "2026-12-01T00:00:00+00:00"}
+    won = {
+        r["benchmark"]: r for r in bench.summary_records([best, default, simfree, *earlier], joined)
+    }["augmentation_simfree_thin_datasets_won"]
+    assert (won["offaug"], won["baseline"]) == (1, 2)
+    assert won["size"]["counted"] == ["hopper-medium-thin"]
+    assert won["size"]["earlier"] == joined and won["seeds"] == [0, 1, 2]
+    assert "hopper-medium-thin (2026-12-01" in won["notes"]
