@@ -31,7 +31,7 @@ and :meth:`DynamicsEnsemble.mean_step` the same with its uncertainty, for the se
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,19 +44,10 @@ from offaug.algorithms.base import Spaces, adam, config_from_json, load_checkpoi
 from offaug.algorithms.nn.networks import EnsembleMLP
 from offaug.datasets.transitions import Transitions
 from offaug.pipeline.models.invariants import QuadraticInvariants, find_invariants
+from offaug.pipeline.rollouts.references import DiscountedValue
 
 PenaltyKind = Literal["mopo", "mobile"]
 """The uncertainty a model rollout's reward is penalised by (the module docstring says each)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DiscountedValue:
-    """A state-value function and its discount: what MOBILE's penalty needs of a policy."""
-
-    value: Callable[[npt.NDArray[np.float32]], npt.NDArray[Any]]
-    """``V(s)`` of a batch of states in the data's reward units: ``(B, obs) -> (B,)``."""
-    gamma: float
-    """The discount of ``r + gamma * V(s')``."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,10 @@ class Lookahead:
     depth: int | None = None
     """Steps each continuation is simulated for, counted from the decision point (None: to the
     episode's end)."""
+    bootstrap: bool = False
+    """Score each continuation by its discounted return over the depth plus ``gamma^depth
+    V(s_depth)`` of the rollout learner (no ``V`` after a termination or at the time limit)
+    instead of its undiscounted return over the depth."""
 
 
 class RolloutError(RuntimeError):

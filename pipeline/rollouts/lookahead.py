@@ -12,7 +12,13 @@ next policy to copy the improved moves on the states they visit. Here, with ``ro
   simulated from it: candidate 0 is the noiseless policy (its noise centre), the others take
   ``window`` noisy actions (``rollout.noise``) and then follow the noiseless policy;
 * each is scored by its return over ``depth`` steps from the decision point (to the episode's end
-  when ``depth`` is None; nothing after a termination);
+  when ``depth`` is None; nothing after a termination), or with ``bootstrap`` by its discounted
+  return over the depth plus ``gamma^depth V(s_depth)``, ``V`` and ``gamma`` the rollout
+  learner's own (no ``V`` after a termination, nor where the depth reaches the time limit):
+  the rollout algorithm with a truncated horizon and a learned cost-to-go (Bertsekas 2019,
+  §2.1), as MVE's H-step target (Feinberg et al. 2018) and ``filter: value``
+  (:mod:`.references`) bootstrap a short branch, so a short search still sees what its
+  window's end state is worth (a fall further on, say);
 * the window of the best is committed to the episode (ties go to the policy itself), the
   environment continues from the state it reached, and the search repeats.
 
@@ -60,6 +66,7 @@ from offaug.pipeline.rollouts.env_state import (
 )
 from offaug.pipeline.rollouts.episodes import EpisodeStaging, simulator_transitions
 from offaug.pipeline.rollouts.noise import ContinuousNoise
+from offaug.pipeline.rollouts.references import DiscountedValue
 
 StateRow = dict[str, npt.NDArray[Any]]
 Outcome = tuple[npt.NDArray[Any], float, bool]
@@ -75,6 +82,7 @@ def lookahead_rollout(
     start_probabilities: npt.NDArray[np.float64] | None = None,
     meta: Mapping[str, Any] | None = None,
     close_envs: bool = True,
+    value: DiscountedValue | None = None,
 ) -> RolloutResult:
     """``config.episodes`` episodes, each built by the rollout algorithm's search
     (``config.lookahead``), ``config.n_envs`` episodes at a time.
@@ -88,6 +96,7 @@ def lookahead_rollout(
         start_probabilities: (N,) how likely each start state is drawn (None: uniformly).
         meta: Copied into the result's ``Transitions.meta``.
         close_envs: Close the environments at the end (False when they come from a pool).
+        value: The rollout learner's ``V(s)`` and discount: ``lookahead.bootstrap`` needs them.
     """
     search = config.lookahead
     if search is None:
@@ -101,6 +110,11 @@ def lookahead_rollout(
         )
     if config.simulator_steps is not None:
         raise ValueError("lookahead counts episodes: set episodes, not simulator_steps")
+    if search.bootstrap and value is None:
+        raise ValueError(
+            "lookahead.bootstrap adds V(s) of the rollout learner at each candidate's depth: pass"
+            " its value (rollout.policy a learner with one: iql, td3bc, cql, rebrac)"
+        )
     if config.start == "dataset" and start_states is None:
         raise RolloutError("start='dataset' needs the dataset's recorded states (infos/...)")
     if policy.discrete:
@@ -110,6 +124,7 @@ def lookahead_rollout(
         )
     with threadpool_limits(limits=1):
         run = _Search(policy, env_factory, config, search, (start_states, start_probabilities))
+        run.value = value if search.bootstrap else None
         try:
             while run.started < config.episodes:
                 run.episodes_batch(min(run.parallel, config.episodes - run.started))
@@ -126,7 +141,8 @@ class _Decision:
     ``candidates`` per episode)."""
 
     scores: npt.NDArray[np.float64]
-    """(rows,) return over the depth; -inf where the candidate failed."""
+    """(rows,) return over the depth (discounted with ``bootstrap``, ``V`` added once every
+    candidate has run); -inf where the candidate failed."""
     totals: npt.NDArray[np.float64]
     """(rows,) return over every simulated step (the reference's whole episode)."""
     window: dict[str, npt.NDArray[Any]]
@@ -137,6 +153,11 @@ class _Decision:
     """(rows,) it terminated within the window."""
     states: list[StateRow | None]
     """Each candidate's state at the window's end (None: it ended or failed)."""
+    depth_observations: npt.NDArray[np.float32]
+    """(rows, obs) each candidate's observation after its ``depth`` steps (``bootstrap``)."""
+    bootstraps: npt.NDArray[np.bool_]
+    """(rows,) the candidate reached its depth alive and short of the time limit: ``V`` of its
+    observation there is added to its score (``bootstrap``)."""
 
 
 class _Search:
@@ -189,6 +210,8 @@ class _Search:
         """Decisions where a noisy window beat the policy's own continuation."""
         self.gain = 0.0
         """Summed score of the chosen candidate over the policy's own, over every decision."""
+        self.value: DiscountedValue | None = None
+        """The rollout learner's value, bootstrapped at every candidate's depth (None: off)."""
 
     # -- one batch of episodes --------------------------------------------------------------------
 
@@ -285,6 +308,8 @@ class _Search:
             window_steps=np.zeros(n_rows, dtype=np.int64),
             ended=np.zeros(n_rows, dtype=bool),
             states=[None] * n_rows,
+            depth_observations=np.zeros((n_rows, self.observation_dim), dtype=np.float32),
+            bootstraps=np.zeros(n_rows, dtype=bool),
         )
         active = np.ones(n_rows, dtype=bool)
         step = 0
@@ -316,7 +341,26 @@ class _Search:
                 )
             active &= step + 1 < caps
             step += 1
+        if self.value is not None and depth < left:
+            self._bootstrap(decision, depth)
         return decision
+
+    def _bootstrap(self, decision: _Decision, depth: int) -> None:
+        """Add ``gamma^depth V(s_depth)`` to the score of every candidate that reached its depth
+        alive (one batched call of the learner's value)."""
+        assert self.value is not None
+        rows = np.flatnonzero(decision.bootstraps & np.isfinite(decision.scores))
+        if len(rows) == 0:
+            return
+        values = np.asarray(
+            self.value.value(decision.depth_observations[rows]), dtype=np.float64
+        ).reshape(-1)
+        if not np.isfinite(values).all():
+            raise RolloutError(
+                "the rollout learner's V(s) is NaN/inf at a lookahead candidate's depth; the"
+                " checkpoint is broken: retrain it, or set rollout.lookahead.bootstrap false"
+            )
+        decision.scores[rows] += self.value.gamma**depth * values
 
     def _transitions(
         self, env_indices: npt.NDArray[np.int64], actions: npt.NDArray[Any]
@@ -367,7 +411,11 @@ class _Search:
         reward32 = float(np.float32(reward))
         decision.totals[row] += reward32
         if step < depth:
-            decision.scores[row] += reward32
+            discount = 1.0 if self.value is None else self.value.gamma**step
+            decision.scores[row] += discount * reward32
+            if step == depth - 1 and not terminated:
+                decision.depth_observations[row] = next_observation
+                decision.bootstraps[row] = True
         if step < window:
             values = {
                 "observations": observations[row],

@@ -43,7 +43,7 @@ import torch
 
 from offaug.algorithms.batch import to_tensor
 from offaug.datasets.transitions import CONTROL_STATE_KEY, Source, Transitions
-from offaug.pipeline.models.dynamics import DiscountedValue, DynamicsEnsemble
+from offaug.pipeline.models.dynamics import DynamicsEnsemble
 from offaug.pipeline.rollouts.behaviour import (
     RolloutPolicy,
     noise_centre,
@@ -55,6 +55,7 @@ from offaug.pipeline.rollouts.data import EpisodeFilter
 from offaug.pipeline.rollouts.env_state import STATE_KINDS, StartStates
 from offaug.pipeline.rollouts.lookahead import Outcome, lookahead_rollout
 from offaug.pipeline.rollouts.noise import DEFAULT_NOISE, ContinuousNoise, NoiseSpec
+from offaug.pipeline.rollouts.references import DiscountedValue
 
 
 def model_rollout(
@@ -255,7 +256,8 @@ def model_lookahead_rollout(
     meta: Mapping[str, Any] | None = None,
 ) -> RolloutResult:
     """``config.episodes`` episodes of the rollout algorithm's search in the model, each from a
-    drawn start observation and ``config.horizon`` steps long at most.
+    drawn start observation and ``config.horizon`` steps long at most. ``value``: the rollout
+    learner's, for MOBILE's penalty and ``lookahead.bootstrap``.
 
     Rewards are the penalised ones the search compared. The result's ``simulator_steps`` is 0:
     the model's steps (every candidate's) are ``meta["model_steps"]``, and the candidates that
@@ -271,11 +273,20 @@ def model_lookahead_rollout(
     counter = itertools.count()
 
     def factory() -> ModelEnv:
-        return ModelEnv(model, start_observations, value, config.seed * 1009 + next(counter))
+        penalty_value = value if model.config.penalty == "mobile" else None
+        return ModelEnv(
+            model, start_observations, penalty_value, config.seed * 1009 + next(counter)
+        )
 
     run = dataclasses.replace(config, start="dataset", max_faults=sys.maxsize)
+    bootstrap = config.lookahead is not None and config.lookahead.bootstrap
     result = lookahead_rollout(
-        policy, factory, run, start_states=starts, start_probabilities=start_probabilities
+        policy,
+        factory,
+        run,
+        start_states=starts,
+        start_probabilities=start_probabilities,
+        value=value if bootstrap else None,
     )
     exits = [f for f in result.faults if f.kind == ModelBoundsExit.__name__]
     data = result.transitions

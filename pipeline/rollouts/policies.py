@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from offaug.datasets.action_box import ActionBox
-from offaug.pipeline.models.dynamics import DiscountedValue
+from offaug.pipeline.rollouts.references import DiscountedValue
 
 
 class BCRolloutPolicy:
@@ -118,7 +118,8 @@ class LearnerRolloutPolicy:
 
     def discounted_value(self) -> DiscountedValue:
         """The learner's own ``V(s)`` (:class:`offaug.algorithms.base.StateValue`: its critics
-        at its action, IQL's V) and the discount it learned with: MOBILE's penalty needs them.
+        at its action, IQL's V) and the discount it learned with: MOBILE's penalty and the
+        lookahead's bootstrap need them.
 
         Raises:
             ValueError: the learner has no value of its own.
@@ -126,7 +127,7 @@ class LearnerRolloutPolicy:
         state_values = getattr(self.learner, "state_values", None)
         if not callable(state_values):
             raise ValueError(
-                f"MOBILE's penalty needs V(s') of the rollout learner; a"
+                f"MOBILE's penalty and lookahead.bootstrap need V(s) of the rollout learner; a"
                 f" {type(self.learner).__name__} has no state_values"
             )
         return DiscountedValue(state_values, float(self.learner.config.gamma))

@@ -48,6 +48,17 @@ StateValues = Callable[[npt.NDArray[np.float32]], npt.NDArray[Any]]
 """``(B, obs) -> (B,)``: a learner's ``V(s)`` (``offaug.algorithms.base.StateValue``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DiscountedValue:
+    """A state-value function and its discount: what MOBILE's penalty and the lookahead's
+    bootstrap (``rollout.lookahead.bootstrap``) need of a rollout learner."""
+
+    value: StateValues
+    """``V(s)`` of a batch of states in the data's reward units: ``(B, obs) -> (B,)``."""
+    gamma: float
+    """The discount of ``r + gamma * V(s')``."""
+
+
 def beats(
     scores: FloatArray,
     references: FloatArray,

@@ -35,7 +35,7 @@ from offaug.datasets.sources import load_transitions
 from offaug.datasets.transitions import SPACE_META_KEYS, Transitions
 from offaug.pipeline.contracts import FilterRecord, RolloutShard
 from offaug.pipeline.rollouts.behaviour import weight_statistics
-from offaug.pipeline.rollouts.config import RolloutConfig, RolloutResult
+from offaug.pipeline.rollouts.config import Lookahead, RolloutConfig, RolloutResult
 from offaug.pipeline.rollouts.data import (
     EpisodeFilter,
     FilterKind,
@@ -45,7 +45,7 @@ from offaug.pipeline.rollouts.data import (
 )
 from offaug.pipeline.rollouts.env_state import dataset_start_states, load_with_states
 from offaug.pipeline.rollouts.lookahead import lookahead_rollout
-from offaug.pipeline.rollouts.references import ValueFilter
+from offaug.pipeline.rollouts.references import DiscountedValue, ValueFilter
 from offaug.pipeline.rollouts.simulator import rollout
 
 
@@ -190,12 +190,20 @@ def rollout_results(task: RolloutTask, configs: Iterable[RolloutConfig]) -> Iter
                 start_probabilities=probabilities,
                 meta=run_meta,
                 close_envs=False,
+                value=_lookahead_value(policy, run.lookahead),
             )
         # Back to this process's pool: the next task on this worker skips building them (every
         # episode starts with a seeded reset, so no state carries over).
         pool.extend(taken)
         taken.clear()
         yield result
+
+
+def _lookahead_value(policy: Any, search: Lookahead) -> DiscountedValue | None:
+    """The rollout learner's value for ``lookahead.bootstrap`` (None: off, or the BC clone,
+    which :func:`lookahead_rollout` then refuses with what to change)."""
+    own = getattr(policy, "discounted_value", None)
+    return own() if search.bootstrap and own is not None else None
 
 
 def dataset_start_probabilities(

@@ -178,6 +178,16 @@ class LookaheadModel(StrictSection):
             " policy after the window (null: to the episode's end)."
         ),
     )
+    bootstrap: bool = Field(
+        False,
+        description=(
+            "Score each continuation by its discounted return over the depth plus gamma^depth"
+            " V(s) of the rollout learner at the depth's end (its value and discount; none"
+            " after a termination or at the time limit), so a short search sees what its end"
+            " state is worth. Needs depth and a rollout.policy with a value (iql, td3bc, cql,"
+            " rebrac)."
+        ),
+    )
 
 
 class RolloutModel(StrictSection):
@@ -445,6 +455,20 @@ class RolloutModel(StrictSection):
                 " 'model', filter 'none', tries 1, no simulator_steps and no noise_calibration"
                 f" (set: {', '.join(named)})"
             )
+        if self.lookahead.bootstrap:
+            if self.lookahead.depth is None:
+                raise ValueError(
+                    "lookahead.bootstrap adds V(s) at each candidate's depth: set"
+                    " lookahead.depth (e.g. 30); without one every candidate runs to the"
+                    " episode's end, where nothing is left to bootstrap"
+                )
+            # Lazy: the registry imports torch; a workflow without the bootstrap never pays.
+            from offaug.algorithms.registry import state_value_refusal
+
+            refusal = state_value_refusal(self.policy, use="lookahead.bootstrap")
+            if refusal is not None:
+                clone = " (the BC clone has no critic)" if self.policy == "bc" else ""
+                raise ValueError(f"rollout.policy {self.policy!r}{clone}: {refusal}")
 
     def _check_penalty(self) -> None:
         """MOBILE's penalty needs V(s') of the rollout policy: a learner with a value."""

@@ -178,9 +178,12 @@ def model_rollout_task(
         probabilities = start_probabilities(spread)
     policy = load_rollout_policy(bc.path, None if policy_model is None else policy_model.path)
     value = None
-    if config.dynamics.penalty == "mobile":
+    bootstrap = config.lookahead is not None and config.lookahead.bootstrap
+    if config.dynamics.penalty == "mobile" or bootstrap:
         if policy_model is None:
-            raise ValueError("dynamics.penalty 'mobile' needs a learner as rollout.policy")
+            raise ValueError(
+                "dynamics.penalty 'mobile' and lookahead.bootstrap need a learner as rollout.policy"
+            )
         value = policy.discounted_value()
     meta = {
         **data.meta,

@@ -15,7 +15,6 @@ import yaml
 
 from offaug.datasets import load_transitions
 from offaug.pipeline.models.dynamics import (
-    DiscountedValue,
     DynamicsConfig,
     DynamicsEnsemble,
     dataset_statistics,
@@ -26,6 +25,7 @@ from offaug.pipeline.models.dynamics import (
 )
 from offaug.pipeline.rollouts.model_rollouts import model_rollout
 from offaug.pipeline.rollouts.noise import parse_noise
+from offaug.pipeline.rollouts.references import DiscountedValue
 from offaug.pipeline.schema.validation import WorkflowError
 from offaug.pipeline.schema.workflow import load_workflow
 from tests.pipeline.test_rollout import KnownHopperPolicy

@@ -24,8 +24,10 @@ from offaug.algorithms.training.options import TrainOptions
 from offaug.datasets import load_transitions
 from offaug.pipeline.rollouts.config import Lookahead, RolloutConfig, RolloutError
 from offaug.pipeline.rollouts.env_state import env_state_kind, read_state, set_state
+from offaug.pipeline.rollouts.lookahead import _Search
 from offaug.pipeline.rollouts.noise import parse_noise
 from offaug.pipeline.rollouts.policies import load_rollout_policy
+from offaug.pipeline.rollouts.references import DiscountedValue
 from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 from offaug.pipeline.schema.rollout_section import RolloutModel
 
@@ -168,3 +170,91 @@ def test_lookahead_refuses_a_discrete_policy(make_test_dataset, tmp_path: Path) 
     )
     with pytest.raises(RolloutError, match="continuous action spaces only"):
         rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=1)
+
+
+def _decision_scores(
+    made_id: str, checkpoint: Path, search: Lookahead, value: DiscountedValue, t: int
+) -> tuple[Any, Any, int]:
+    """One decision of the search from a reset state at episode step ``t`` (horizon 40)."""
+    meta = load_transitions(made_id).meta
+    config = RolloutConfig(
+        episodes=1,
+        n_envs=1,
+        noise=parse_noise("gaussian:0.5"),
+        seed=2,
+        horizon=40,
+        lookahead=search,
+    )
+    run = _Search(
+        load_rollout_policy(str(checkpoint)), lambda: make_env(meta), config, search, (None, None)
+    )
+    run.value = value
+    env = run.envs[0]
+    env.reset(seed=5)
+    state = read_state(env, run.state_kind)
+    decision = run._simulate(np.zeros(1, dtype=np.int64), [state], t)
+    for made in run.envs:
+        made.close()
+    return decision, run, min(search.depth or 40, 40 - t)
+
+
+def test_lookahead_bootstrap_adds_the_discounted_value_at_each_candidates_depth(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """With ``bootstrap`` a candidate's score is sum_t gamma^t r_t + gamma^D V(s_D), computed
+    here by hand from its own recorded window (window = depth, so the window is all it scores);
+    where the depth reaches the time limit nothing is added."""
+    made = make_test_dataset("pendulum", "hdf5")
+    checkpoint = _clone(made.dataset_id, tmp_path / "bc")
+    value = DiscountedValue(lambda s: 100.0 * s[:, 0] + 10.0 * s[:, 2], gamma=0.9)
+    search = Lookahead(candidates=4, window=6, depth=6, bootstrap=True)
+    decision, _, depth = _decision_scores(made.dataset_id, checkpoint, search, value, 0)
+    rewards = decision.window["rewards"].astype(np.float64)
+    last = decision.window["next_observations"][:, depth - 1]
+    discounts = 0.9 ** np.arange(depth)
+    expected = rewards @ discounts + 0.9**depth * value.value(last)
+    np.testing.assert_allclose(decision.scores, expected, rtol=1e-6)
+    assert np.ptp(value.value(last)) > 0.1  # the candidates end apart: V tells them apart
+    # Four steps before the horizon the depth is the time limit: no V after it.
+    decision, _, depth = _decision_scores(made.dataset_id, checkpoint, search, value, 36)
+    assert depth == 4
+    rewards = decision.window["rewards"][:, :depth].astype(np.float64)
+    np.testing.assert_allclose(decision.scores, rewards @ (0.9 ** np.arange(depth)), atol=1e-6)
+
+
+def test_lookahead_bootstrap_with_a_learners_value_runs_and_is_refused_without_one(
+    make_test_dataset, tmp_path: Path
+) -> None:
+    """The rollout task passes the learner's own V (IQL's) to the search; a clone, a search
+    without a depth and a call without a value are refused with what to change."""
+    made = make_test_dataset("pendulum", "hdf5")
+    checkpoint = _clone(made.dataset_id, tmp_path / "bc")
+    iql = train(
+        "iql",
+        [made.dataset_id],
+        tmp_path / "iql",
+        config={"hidden": (32, 32)},
+        options=TrainOptions(steps=40, eval_every=0, log_every=40, checkpoint_every=40),
+    ).checkpoint
+    search = Lookahead(candidates=3, window=5, depth=10, bootstrap=True)
+    config = RolloutConfig(
+        episodes=2,
+        n_envs=2,
+        noise=parse_noise("gaussian:0.3"),
+        seed=1,
+        horizon=20,
+        lookahead=search,
+    )
+    outcome = rollout_to_shard_set(
+        made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=1, learner=iql
+    )
+    data = outcome.shard_set.load()
+    assert len(data) == 2 * 20 and np.isfinite(np.asarray(data.rewards)).all()
+    assert outcome.shard_set.params["lookahead"]["bootstrap"] is True
+    with pytest.raises(ValueError, match=r"lookahead\.bootstrap adds V"):
+        rollout_to_shard_set(made.dataset_id, checkpoint, config, tmp_path / "aug2", tasks=1)
+    RolloutModel(policy="iql", lookahead={"depth": 30, "bootstrap": True})
+    with pytest.raises(ValidationError, match="BC clone has no critic"):
+        RolloutModel(policy="bc", lookahead={"depth": 30, "bootstrap": True})
+    with pytest.raises(ValidationError, match=r"set lookahead\.depth"):
+        RolloutModel(policy="iql", lookahead={"bootstrap": True})
