@@ -12,8 +12,10 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    SerializerFunctionWrapHandler,
     WithJsonSchema,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -188,6 +190,15 @@ class LookaheadModel(StrictSection):
             " rebrac)."
         ),
     )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A search without the bootstrap dumps, and so keys its stages, as it did before the
+        # field existed: the finished stages of such a run are reused, not rerun.
+        data: dict[str, Any] = handler(self)
+        if not self.bootstrap:
+            data.pop("bootstrap", None)
+        return data
 
 
 class RolloutModel(StrictSection):

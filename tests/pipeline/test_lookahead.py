@@ -258,3 +258,7 @@ def test_lookahead_bootstrap_with_a_learners_value_runs_and_is_refused_without_o
         RolloutModel(policy="bc", lookahead={"depth": 30, "bootstrap": True})
     with pytest.raises(ValidationError, match=r"set lookahead\.depth"):
         RolloutModel(policy="iql", lookahead={"bootstrap": True})
+    # Off, the field stays out of the dump that keys the stages: runs from before it reuse theirs.
+    assert "bootstrap" not in RolloutModel(lookahead={"depth": 30}).model_dump()["lookahead"]
+    on = RolloutModel(policy="iql", lookahead={"depth": 30, "bootstrap": True})
+    assert on.model_dump()["lookahead"]["bootstrap"] is True
