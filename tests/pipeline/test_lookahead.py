@@ -32,13 +32,14 @@ from offaug.pipeline.rollouts.tasks import rollout_to_shard_set
 from offaug.pipeline.schema.rollout_section import RolloutModel
 
 
-def _clone(dataset_id: str, out: Path) -> Path:
+def _clone(dataset_id: str, out: Path, algorithm: str = "bc", steps: int = 60) -> Path:
+    """A small ``algorithm`` checkpoint trained on the dataset (the BC clone by default)."""
     run = train(
-        "bc",
+        algorithm,
         [dataset_id],
         out,
         config={"hidden": (32, 32)},
-        options=TrainOptions(steps=60, eval_every=0, log_every=60, checkpoint_every=60),
+        options=TrainOptions(steps=steps, eval_every=0, log_every=steps, checkpoint_every=steps),
     )
     return run.checkpoint
 
@@ -177,14 +178,8 @@ def _decision_scores(
 ) -> tuple[Any, Any, int]:
     """One decision of the search from a reset state at episode step ``t`` (horizon 40)."""
     meta = load_transitions(made_id).meta
-    config = RolloutConfig(
-        episodes=1,
-        n_envs=1,
-        noise=parse_noise("gaussian:0.5"),
-        seed=2,
-        horizon=40,
-        lookahead=search,
-    )
+    noise = parse_noise("gaussian:0.5")
+    config = RolloutConfig(episodes=1, n_envs=1, noise=noise, seed=2, horizon=40, lookahead=search)
     run = _Search(
         load_rollout_policy(str(checkpoint)), lambda: make_env(meta), config, search, (None, None)
     )
@@ -229,22 +224,10 @@ def test_lookahead_bootstrap_with_a_learners_value_runs_and_is_refused_without_o
     without a depth and a call without a value are refused with what to change."""
     made = make_test_dataset("pendulum", "hdf5")
     checkpoint = _clone(made.dataset_id, tmp_path / "bc")
-    iql = train(
-        "iql",
-        [made.dataset_id],
-        tmp_path / "iql",
-        config={"hidden": (32, 32)},
-        options=TrainOptions(steps=40, eval_every=0, log_every=40, checkpoint_every=40),
-    ).checkpoint
+    iql = _clone(made.dataset_id, tmp_path / "iql", "iql", steps=40)
     search = Lookahead(candidates=3, window=5, depth=10, bootstrap=True)
-    config = RolloutConfig(
-        episodes=2,
-        n_envs=2,
-        noise=parse_noise("gaussian:0.3"),
-        seed=1,
-        horizon=20,
-        lookahead=search,
-    )
+    noise = parse_noise("gaussian:0.3")
+    config = RolloutConfig(episodes=2, n_envs=2, noise=noise, horizon=20, lookahead=search)
     outcome = rollout_to_shard_set(
         made.dataset_id, checkpoint, config, tmp_path / "aug", tasks=1, learner=iql
     )
