@@ -181,9 +181,8 @@ def model_rollout_task(
     bootstrap = config.lookahead is not None and config.lookahead.bootstrap
     if config.dynamics.penalty == "mobile" or bootstrap:
         if policy_model is None:
-            raise ValueError(
-                "dynamics.penalty 'mobile' and lookahead.bootstrap need a learner as rollout.policy"
-            )
+            what = "lookahead.bootstrap" if bootstrap else "dynamics.penalty 'mobile'"
+            raise ValueError(f"{what} needs a learner as rollout.policy")
         value = policy.discounted_value()
     meta = {
         **data.meta,
