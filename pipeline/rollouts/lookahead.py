@@ -123,8 +123,9 @@ def lookahead_rollout(
             " continuous action spaces only; remove lookahead for a discrete env"
         )
     with threadpool_limits(limits=1):
-        run = _Search(policy, env_factory, config, search, (start_states, start_probabilities))
-        run.value = value if search.bootstrap else None
+        starts = (start_states, start_probabilities)
+        bootstrap = value if search.bootstrap else None
+        run = _Search(policy, env_factory, config, search, starts, bootstrap)
         try:
             while run.started < config.episodes:
                 run.episodes_batch(min(run.parallel, config.episodes - run.started))
@@ -170,8 +171,11 @@ class _Search:
         config: RolloutConfig,
         search: Lookahead,
         starts: tuple[StartStates | None, npt.NDArray[np.float64] | None],
+        value: DiscountedValue | None = None,
     ) -> None:
         self.policy, self.config, self.search = policy, config, search
+        self.value = value
+        """The rollout learner's value, bootstrapped at every candidate's depth (None: off)."""
         self.start_states, self.start_probabilities = starts
         self.rng = np.random.default_rng(config.seed)
         self.parallel = min(config.n_envs, config.episodes)
@@ -210,8 +214,6 @@ class _Search:
         """Decisions where a noisy window beat the policy's own continuation."""
         self.gain = 0.0
         """Summed score of the chosen candidate over the policy's own, over every decision."""
-        self.value: DiscountedValue | None = None
-        """The rollout learner's value, bootstrapped at every candidate's depth (None: off)."""
 
     # -- one batch of episodes --------------------------------------------------------------------
 

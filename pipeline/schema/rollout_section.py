@@ -473,22 +473,19 @@ class RolloutModel(StrictSection):
                     " lookahead.depth (e.g. 30); without one every candidate runs to the"
                     " episode's end, where nothing is left to bootstrap"
                 )
-            # Lazy: the registry imports torch; a workflow without the bootstrap never pays.
-            from offaug.algorithms.registry import state_value_refusal
-
-            refusal = state_value_refusal(self.policy, use="lookahead.bootstrap")
-            if refusal is not None:
-                clone = " (the BC clone has no critic)" if self.policy == "bc" else ""
-                raise ValueError(f"rollout.policy {self.policy!r}{clone}: {refusal}")
+            self._check_policy_value("lookahead.bootstrap")
 
     def _check_penalty(self) -> None:
         """MOBILE's penalty needs V(s') of the rollout policy: a learner with a value."""
-        if self.backend != "model" or self.dynamics.penalty != "mobile":
-            return
-        # Lazy: the registry imports torch; a workflow without MOBILE never pays.
+        if self.backend == "model" and self.dynamics.penalty == "mobile":
+            self._check_policy_value("dynamics.penalty 'mobile'")
+
+    def _check_policy_value(self, use: str) -> None:
+        """``use`` reads V(s) of the rollout policy: refuse one without a value of its own."""
+        # Lazy: the registry imports torch; a workflow that reads no value never pays.
         from offaug.algorithms.registry import state_value_refusal
 
-        refusal = state_value_refusal(self.policy, use="dynamics.penalty 'mobile'")
+        refusal = state_value_refusal(self.policy, use=use)
         if refusal is not None:
             clone = " (the BC clone has no critic)" if self.policy == "bc" else ""
             raise ValueError(f"rollout.policy {self.policy!r}{clone}: {refusal}")

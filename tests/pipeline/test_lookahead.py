@@ -175,22 +175,20 @@ def test_lookahead_refuses_a_discrete_policy(make_test_dataset, tmp_path: Path) 
 
 def _decision_scores(
     made_id: str, checkpoint: Path, search: Lookahead, value: DiscountedValue, t: int
-) -> tuple[Any, Any, int]:
+) -> tuple[Any, int]:
     """One decision of the search from a reset state at episode step ``t`` (horizon 40)."""
     meta = load_transitions(made_id).meta
     noise = parse_noise("gaussian:0.5")
     config = RolloutConfig(episodes=1, n_envs=1, noise=noise, seed=2, horizon=40, lookahead=search)
-    run = _Search(
-        load_rollout_policy(str(checkpoint)), lambda: make_env(meta), config, search, (None, None)
-    )
-    run.value = value
+    policy = load_rollout_policy(str(checkpoint))
+    run = _Search(policy, lambda: make_env(meta), config, search, (None, None), value)
     env = run.envs[0]
     env.reset(seed=5)
     state = read_state(env, run.state_kind)
     decision = run._simulate(np.zeros(1, dtype=np.int64), [state], t)
     for made in run.envs:
         made.close()
-    return decision, run, min(search.depth or 40, 40 - t)
+    return decision, min(search.depth or 40, 40 - t)
 
 
 def test_lookahead_bootstrap_adds_the_discounted_value_at_each_candidates_depth(
@@ -203,7 +201,7 @@ def test_lookahead_bootstrap_adds_the_discounted_value_at_each_candidates_depth(
     checkpoint = _clone(made.dataset_id, tmp_path / "bc")
     value = DiscountedValue(lambda s: 100.0 * s[:, 0] + 10.0 * s[:, 2], gamma=0.9)
     search = Lookahead(candidates=4, window=6, depth=6, bootstrap=True)
-    decision, _, depth = _decision_scores(made.dataset_id, checkpoint, search, value, 0)
+    decision, depth = _decision_scores(made.dataset_id, checkpoint, search, value, 0)
     rewards = decision.window["rewards"].astype(np.float64)
     last = decision.window["next_observations"][:, depth - 1]
     discounts = 0.9 ** np.arange(depth)
@@ -211,7 +209,7 @@ def test_lookahead_bootstrap_adds_the_discounted_value_at_each_candidates_depth(
     np.testing.assert_allclose(decision.scores, expected, rtol=1e-6)
     assert np.ptp(value.value(last)) > 0.1  # the candidates end apart: V tells them apart
     # Four steps before the horizon the depth is the time limit: no V after it.
-    decision, _, depth = _decision_scores(made.dataset_id, checkpoint, search, value, 36)
+    decision, depth = _decision_scores(made.dataset_id, checkpoint, search, value, 36)
     assert depth == 4
     rewards = decision.window["rewards"][:, :depth].astype(np.float64)
     np.testing.assert_allclose(decision.scores, rewards @ (0.9 ** np.arange(depth)), atol=1e-6)
