@@ -23,8 +23,9 @@ with ``train.state_noise``) are judged on their own as well (issue 34):
 ``augmentation_simfree_thin_datasets_won`` (goal 2 of the 4 thin versions).
 
 A rerun into the same ``--out`` directory skips every finished stage, so a study can be extended
-by more recipes (``--recipes``, or edit the template) without retraining the rest; more seeds
-(``--seeds``) retrain the fused learners, whose stages' keys cover all their seeds.
+by more recipes (``--recipes``, or edit the template) without retraining the rest; and by more
+seeds (``--seeds``) five at a time: fused learners train in groups of ``train.fuse_group`` seeds,
+and a new group leaves the finished ones as they are (a group that grows trains again).
 
 Usage: ``python benchmarks/bench_augmentation.py [--quick] [--datasets a,b] [--seeds 0,1,2]
 [--recipes a,b] [--workers 2] [--out DIR]``; JSON lines on stdout. ``--recipes`` runs a subset of

@@ -28,6 +28,9 @@ BEST_VIDEO_STAGE = "video:best"
 """The stage that films the study's best policy (``report.best_video``) for the report's top."""
 DOCTOR_STAGE = "doctor"
 """The dataset doctor's stage."""
+STAGE_KEY_CONTEXT = "stage_key"
+"""The serialisation context flag of the dump a stage key hashes: a workflow section leaves out of
+that dump the fields that say only how stages are grouped, never what one computes."""
 REPORT_STAGE = "report"
 """The stage that writes metrics.json and report.html from every other stage's result."""
 

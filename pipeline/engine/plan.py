@@ -31,13 +31,16 @@ index records each run's ``steps``, ``own_steps`` and ``rollouts``.
 (:func:`offaug.algorithms.training.fused_loop.fusable`; with ``auto`` and ``train.device`` set, one
 for which fusing pays on that device, :func:`~offaug.algorithms.training.fused_loop.fusing_pays`;
 with ``auto`` and no device named, the fused stage asks on its worker and trains the seeds one after
-another where fusing does not pay) trains every seed of a (recipe, learner) in one stage,
-``fused:LEARNER-RECIPE`` (:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed
+another where fusing does not pay) trains the seeds of a (recipe, learner) in groups of
+``train.fuse_group``, one stage per group named after its first seed, ``fused:LEARNER-RECIPE``,
+``fused:LEARNER-RECIPE@s5`` (:func:`~offaug.pipeline.stages.learning.train_offline_fused`), followed
 by one small stage per seed under the per-seed name (``train:LEARNER-RECIPE@sSEED``,
 :func:`~offaug.pipeline.stages.learning.member_model`) whose result is that seed's model: every
 later stage, the run index and ``stages.json`` see each seed's model as they see a per-seed
-training's. Forcing a seed's ``train:`` stage reruns the fused stage. Policy weights, state noise
-and ``train.compile`` keep one stage per seed, as do learners that do not train fused.
+training's. A group's key covers its seeds, never the group size, so seeds added later train
+only the groups they fill. Forcing a seed's ``train:`` stage reruns its group's fused stage.
+Policy weights, state noise and ``train.compile`` keep one stage per seed, as do learners that
+do not train fused.
 """
 
 from __future__ import annotations

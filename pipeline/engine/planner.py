@@ -123,7 +123,12 @@ class Planner:
 
     def fuses(self, train: TrainModel, algorithm: str, *, plain: bool) -> bool:
         """Whether ``algorithm``'s seeds train as one fused stage (see the module docstring)."""
-        if not train.fuse_seeds or len(self.workflow.seeds) < 2 or train.compile:
+        if (
+            not train.fuse_seeds
+            or len(self.workflow.seeds) < 2
+            or train.fuse_group < 2
+            or train.compile
+        ):
             return False
         if not plain and (train.weighting == "policy" or train.state_noise is not None):
             return False  # drawn per batch by the single-seed loop only
@@ -150,13 +155,33 @@ class Planner:
         *,
         plain: bool = True,
     ) -> dict[int, str]:
-        """Every seed of (``recipe``, ``algorithm``) as one fused training stage, and one stage
-        per seed that selects its model under the per-seed name; return those names by seed."""
+        """The seeds of (``recipe``, ``algorithm``) as fused training stages, one per group of
+        ``train.fuse_group`` seeds in the workflow's order, and one stage per seed that selects
+        its model under the per-seed name; return those names by seed."""
+        augmented = [r for r in rollouts.values() if r is not None]
+        if augmented and len(augmented) != len(rollouts):
+            raise ValueError(f"{recipe}: augmented data for some seeds only")
+        seeds = list(rollouts)
+        names: dict[int, str] = {}
+        for start in range(0, len(seeds), train.fuse_group):
+            group = {seed: rollouts[seed] for seed in seeds[start : start + train.fuse_group]}
+            names.update(self.fused_group(train, algorithm, recipe, group, plain=plain))
+        return names
+
+    def fused_group(
+        self,
+        train: TrainModel,
+        algorithm: str,
+        recipe: str,
+        rollouts: dict[int, str | None],
+        *,
+        plain: bool,
+    ) -> dict[int, str]:
+        """One group of :meth:`fused`: its fused stage, named after its first seed
+        (``fused:LEARNER-RECIPE``, ``fused:LEARNER-RECIPE@s5``), and its members' stages."""
         seeds = list(rollouts)
         labels = {seed: f"{algorithm}-{recipe}{self.suffix(seed)}" for seed in seeds}
         augmented = [r for r in rollouts.values() if r is not None]
-        if augmented and len(augmented) != len(seeds):
-            raise ValueError(f"{recipe}: augmented data for some seeds only")
         evaluation = self.workflow.evaluation
         config: dict[str, Any] = {
             "train": train,
@@ -172,7 +197,7 @@ class Planner:
         outs = [str(self.layout.model(path_name(labels[seed]))) for seed in seeds]
         fused = self.plan.add(
             StageSpec(
-                f"fused:{algorithm}-{recipe}",
+                f"fused:{algorithm}-{recipe}{self.suffix(seeds[0])}",
                 function,
                 config,
                 (

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from offaug.datasets.shards import ShardRef
 from offaug.pipeline.contracts import (
+    STAGE_KEY_CONTEXT,
     AugmentedRef,
     DatasetRef,
     FilterRecord,
@@ -53,7 +54,7 @@ def _key_default(value: Any) -> Any:
     # of nested dicts, so the same workflow loaded from a key-sorted YAML got another key and
     # reran stages that had finished.
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+        return value.model_dump(mode="json", context={STAGE_KEY_CONTEXT: True})
     return str(value)
 
 

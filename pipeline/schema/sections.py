@@ -17,10 +17,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
 )
 from pydantic_core import PydanticCustomError
 
@@ -31,6 +34,7 @@ from offaug.algorithms.names import (
     OfflineLearner,
     Weighting,
 )
+from offaug.pipeline.contracts import STAGE_KEY_CONTEXT
 
 
 class StrictSection(BaseModel):
@@ -185,7 +189,18 @@ class TrainModel(StrictSection):
             " stage per seed, spread over the cluster; auto: fused where it pays, i.e. every"
             " fusable learner on a GPU and all but CQL and BCQ on a CPU (device: train.device,"
             " else the training worker's: its fused stage then trains the seeds one after another"
-            " where fusing does not pay). The outputs are the same either way."
+            " where fusing does not pay). The outputs are the same either way up to float"
+            " rounding, which can still move a seed's score (docs/performance.md)."
+        ),
+    )
+    fuse_group: int = Field(
+        5,
+        gt=0,
+        description=(
+            "Fused seeds train in groups of at most this many, in the order of `seeds`, one"
+            " stage per group: a study that adds seeds later trains only the groups they fill"
+            " (a group that is not yet full is retrained when it grows), and two groups train"
+            " at once on two workers. Only the grouping: it is not part of any stage's key."
         ),
     )
 
@@ -246,6 +261,17 @@ class TrainModel(StrictSection):
         if min(value) < 0 or sum(value) <= 0:
             raise ValueError("mixing needs two non-negative shares, not both zero")
         return value
+
+    @model_serializer(mode="wrap")
+    def _dump(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        # The grouping of fused seeds is in each fused stage's own seeds: a stage key that also
+        # hashed fuse_group would rerun every finished stage of a run whose grouping changed.
+        data: dict[str, Any] = handler(self)
+        if isinstance(info.context, dict) and info.context.get(STAGE_KEY_CONTEXT):
+            data.pop("fuse_group", None)
+        return data
 
 
 LEARNER_CONFIG_ERROR = "learner_config"

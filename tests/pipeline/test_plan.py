@@ -259,6 +259,53 @@ def test_fusable_learners_train_their_seeds_as_one_stage(tmp_path: Path) -> None
     assert not any(n.startswith("fused:") for n in one_seed.names)
 
 
+def test_fused_seeds_train_in_groups_so_a_study_grows_without_retraining(tmp_path: Path) -> None:
+    """Seven seeds in groups of three: three fused stages per arm, named after their first
+    seed; adding seeds keeps the full groups' keys (their finished stages are reused), and the
+    grouping itself is in no stage's key."""
+    train = {"algorithms": ["td3bc"], "device": "cpu", "fuse_group": 3}
+    sections: dict[str, Any] = dict(recipes={"augmented": {}}, diagnostics={"enabled": False})
+    plan = _plan(_workflow(seeds=list(range(7)), train=train, **sections), tmp_path)
+    groups = [n for n in plan.names if n.startswith("fused:td3bc-augmented")]
+    assert groups == [
+        "fused:td3bc-augmented",
+        "fused:td3bc-augmented@s3",
+        "fused:td3bc-augmented@s6",
+    ]
+    assert [plan.stages[n].args[6] for n in groups] == [[0, 1, 2], [3, 4, 5], [6]]
+    assert plan.stages["train:td3bc-augmented@s4"].inputs == ("fused:td3bc-augmented@s3",)
+    assert plan.stages["train:td3bc-augmented@s4"].args[1] == 1  # its place in the group
+    runs = {(r["recipe"], r["seed"]) for r in plan.index["runs"] if r["learner"] == "td3bc"}
+    assert {seed for recipe, seed in runs if recipe == "augmented"} == set(range(7))
+
+    # A study that grows from 6 to 7 seeds: the two full groups keep their keys; the 7th
+    # seed's group is new. Every other stage (BC, rollouts, reports of old seeds) is unchanged.
+    six = _plan(_workflow(seeds=list(range(6)), train=train, **sections), tmp_path)
+    for name in ("fused:td3bc-augmented", "fused:td3bc-augmented@s3", "rollout@s5", "bc@s2"):
+        assert six.keys[name] == plan.keys[name], name
+    assert "fused:td3bc-augmented@s6" not in six.names
+
+    # Groups as large as the seeds: the same stages and keys as a workflow that never set the
+    # field (whose default groups of 5 hold these 3 seeds), so a run's finished stages stay;
+    # only the report, which shows the workflow, is made again.
+    whole = _plan(_workflow(seeds=[0, 1, 2], train=train, **sections), tmp_path)
+    default = _plan(
+        _workflow(seeds=[0, 1, 2], train={"algorithms": ["td3bc"], "device": "cpu"}, **sections),
+        tmp_path,
+    )
+    differ = {n for n in whole.keys if whole.keys[n] != default.keys.get(n)}
+    assert differ == {"report"}
+    assert [n for n in whole.names if n.startswith("fused:")] == [
+        "fused:td3bc-plain",
+        "fused:td3bc-augmented",
+        "fused:td3bc-baseline[30000]",
+    ]
+    # Groups of one are no fusing: one training stage per seed.
+    single = {**train, "fuse_group": 1}
+    apart = _plan(_workflow(seeds=[0, 1], train=single, **sections), tmp_path)
+    assert not any(n.startswith("fused:") for n in apart.names)
+
+
 def test_rollout_rounds_retrain_the_policy_on_the_previous_rounds_rollouts(
     tmp_path: Path,
 ) -> None:
