@@ -121,31 +121,6 @@ class Planner:
         if entry not in self.plan.index["runs"]:
             self.plan.index["runs"].append(entry)
 
-    def fuses(self, train: TrainModel, algorithm: str, *, plain: bool) -> bool:
-        """Whether ``algorithm``'s seeds train as one fused stage (see the module docstring)."""
-        if (
-            not train.fuse_seeds
-            or len(self.workflow.seeds) < 2
-            or train.fuse_group < 2
-            or train.compile
-        ):
-            return False
-        if not plain and (train.weighting == "policy" or train.state_noise is not None):
-            return False  # drawn per batch by the single-seed loop only
-        if not plain and train.init != "scratch":
-            return False  # each seed starts from its own checkpoint: single-seed loop only
-        # Imported here: the learners' modules import torch, and the client that plans a run
-        # imports this module before anything heavy (offaug run takes its lock first).
-        from offaug.algorithms.training.fused_loop import fusable, fusing_pays
-
-        if train.fuse_seeds == "auto" and train.device is not None:
-            # The workflow names the device: whether fusing pays there is known now, and seeds
-            # that do not fuse train in parallel on the cluster.
-            return fusing_pays(algorithm, train.device)
-        # fuse_seeds true, or auto on the device the worker finds: the fused stage asks there
-        # whether fusing pays, and trains its seeds one after another if not.
-        return fusable(algorithm)
-
     def fused(
         self,
         train: TrainModel,
@@ -238,7 +213,7 @@ class Planner:
         train, recipe = self.workflow.plain_train, PLAIN
         if steps is not None and steps != train.steps:
             train, recipe = train.model_copy(update={"steps": steps}), baseline_recipe(steps)
-        if self.fuses(train, algorithm, plain=True):
+        if train.fuses(algorithm, len(self.workflow.seeds), plain=True):
             nothing: dict[int, str | None] = dict.fromkeys(self.workflow.seeds)
             return self.fused(train, algorithm, recipe, nothing)[seed]
         return self.train(train, algorithm, recipe, seed, None)
@@ -263,7 +238,7 @@ class Planner:
             continues = train.init == "policy" and algorithm == recipe.final_policy_learner
             if train.init == "policy" and not continues:
                 train = train.model_copy(update={"init": "scratch"})
-            if self.fuses(train, algorithm, plain=False):
+            if train.fuses(algorithm, len(self.workflow.seeds), plain=False):
                 self.fused(train, algorithm, recipe.name, rollouts, plain=False)
                 continue
             for seed, rollout in rollouts.items():

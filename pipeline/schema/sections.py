@@ -262,6 +262,27 @@ class TrainModel(StrictSection):
             raise ValueError("mixing needs two non-negative shares, not both zero")
         return value
 
+    def fuses(self, algorithm: str, seeds: int, *, plain: bool) -> bool:
+        """Whether ``algorithm``'s ``seeds`` seeds train in fused stages under these settings
+        (``plain``: on the original data alone); the planner's rule, docs/pipeline.md."""
+        if not self.fuse_seeds or seeds < 2 or self.fuse_group < 2 or self.compile:
+            return False
+        if not plain and (self.weighting == "policy" or self.state_noise is not None):
+            return False  # drawn per batch by the single-seed loop only
+        if not plain and self.init != "scratch":
+            return False  # each seed starts from its own checkpoint: single-seed loop only
+        # Imported here: the learners' modules import torch, and the client that plans a run
+        # imports this module before anything heavy (offaug run takes its lock first).
+        from offaug.algorithms.training.fused_loop import fusable, fusing_pays
+
+        if self.fuse_seeds == "auto" and self.device is not None:
+            # The workflow names the device: whether fusing pays there is known now, and seeds
+            # that do not fuse train in parallel on the cluster.
+            return fusing_pays(algorithm, self.device)
+        # fuse_seeds true, or auto on the device the worker finds: the fused stage asks there
+        # whether fusing pays, and trains its seeds one after another if not.
+        return fusable(algorithm)
+
     @model_serializer(mode="wrap")
     def _dump(
         self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
